@@ -1,0 +1,4 @@
+//! Command line (placeholder).
+pub fn main() -> i32 {
+    0
+}

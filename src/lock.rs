@@ -1,0 +1,1 @@
+//! Token lock with fencing (placeholder; filled by the lock work).

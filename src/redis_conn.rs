@@ -1,0 +1,45 @@
+//! Redis connections: one shared multiplexed connection for ordinary commands (with an explicit
+//! response timeout, since redis-rs >= 1.0 defaults to 500 ms), and dedicated connections for
+//! blocking pops so a BRPOP/BLMOVE never stalls the shared pipe. Touches no keys itself.
+
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisResult};
+use std::time::Duration;
+
+/// How long an ordinary command may take before we call it an error.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Open a client for `url` (`redis://`, `rediss://`, user:password@, `/db`).
+pub fn client(url: &str) -> RedisResult<Client> {
+    Client::open(url)
+}
+
+/// The shared connection: pipelined, every reply bounded by `response_timeout`.
+pub async fn shared_with_timeout(
+    client: &Client,
+    response_timeout: Duration,
+) -> RedisResult<MultiplexedConnection> {
+    let cfg = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(response_timeout));
+    client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+}
+
+pub async fn shared(client: &Client) -> RedisResult<MultiplexedConnection> {
+    shared_with_timeout(client, RESPONSE_TIMEOUT).await
+}
+
+/// A connection of its own for blocking commands: no response timeout, because a BRPOP with a
+/// 2 s server-side timeout must not be cut off by the client at 500 ms.
+pub async fn dedicated(client: &Client) -> RedisResult<MultiplexedConnection> {
+    let cfg = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(None);
+    client
+        .get_multiplexed_async_connection_with_config(&cfg)
+        .await
+}

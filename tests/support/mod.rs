@@ -1,0 +1,321 @@
+//! Test support: every test owns its redis-server (free loopback port, no persistence),
+//! stopped by PID on drop, plus helpers to run the real binary and the real Ruby Sidekiq.
+//! Touches only the Redis it started.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A redis-server this test started and will stop.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(mut c) = self.client().get_connection() {
+                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).unwrap()
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        let c = self.client().get_connection().expect("connect to test redis");
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// SIGSTOP: the server holds connections open but answers nothing.
+    pub fn pause(&self) {
+        signal(self.pid(), "STOP");
+    }
+
+    pub fn resume(&self) {
+        signal(self.pid(), "CONT");
+    }
+
+    /// Kill the server (data is gone: it persists nothing).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_ref() {
+            // A paused server would ignore SIGKILL only until CONT; KILL works either way.
+            signal(c.id() as i32, "CONT");
+        }
+        self.stop();
+    }
+}
+
+pub fn signal(pid: i32, sig: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status();
+}
+
+/// Poll `cond` until it is true or the deadline passes; panics with `what` on timeout.
+pub fn wait_until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut cond: F) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_playguard")
+}
+
+pub fn project_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running `playguard` child process whose output lines are collected.
+pub struct Worker {
+    pub child: Child,
+    pub lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Worker {
+    /// Start `playguard run` in `dir` against `redis` with extra args.
+    pub fn start(redis: &RedisServer, dir: &Path, args: &[&str]) -> Worker {
+        Self::start_cmd(redis, dir, "run", args)
+    }
+
+    pub fn start_cmd(redis: &RedisServer, dir: &Path, sub: &str, args: &[&str]) -> Worker {
+        let mut child = Command::new(bin())
+            .arg(sub)
+            .args(["-r", &redis.url()])
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn playguard");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+            Box::new(child.stderr.take().unwrap()),
+        ] {
+            let lines = lines.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if std::env::var("PLAYGUARD_TEST_ECHO").is_ok() {
+                        eprintln!("[worker] {line}");
+                    }
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Worker { child, lines }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: &str) {
+        signal(self.pid(), sig);
+    }
+
+    pub fn output(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+
+    pub fn saw(&self, needle: &str) -> bool {
+        self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    pub fn wait_for_line(&self, needle: &str, timeout: Duration) {
+        let what = format!("worker output line containing {needle:?}");
+        let deadline = Instant::now() + timeout;
+        while !self.saw(needle) {
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; output:\n{}", self.output());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Wait for exit; returns the exit code (None when killed by a signal).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "worker did not exit within {timeout:?}; output:\n{}",
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Whether the real Ruby Sidekiq is here. With PLAYGUARD_REQUIRE_RUBY=1 (as .ci/run sets) its
+/// absence fails the test instead of skipping it.
+pub fn ruby_available() -> bool {
+    let ok = Command::new("ruby")
+        .args(["-e", "require 'sidekiq'; require 'sidekiq/api'"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok && std::env::var("PLAYGUARD_REQUIRE_RUBY").as_deref() == Ok("1") {
+        panic!("ruby-sidekiq is required (PLAYGUARD_REQUIRE_RUBY=1) but `ruby -e \"require 'sidekiq'\"` fails");
+    }
+    if !ok {
+        eprintln!("skipping: ruby-sidekiq is not installed");
+    }
+    ok
+}
+
+/// Run a Ruby snippet with Sidekiq loaded and pointed at `redis`; returns stdout, panics on failure.
+pub fn ruby(redis: &RedisServer, script: &str) -> String {
+    let prelude = "require 'sidekiq'\nrequire 'sidekiq/api'\nrequire 'json'\n\
+        Sidekiq.configure_client { |c| c.redis = { url: ENV['REDIS_URL'] } }\n\
+        Sidekiq.logger.level = Logger::WARN\n";
+    let out = Command::new("ruby")
+        .args(["-e", &format!("{prelude}{script}")])
+        .env("REDIS_URL", redis.url())
+        .output()
+        .expect("run ruby");
+    assert!(
+        out.status.success(),
+        "ruby failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A scratch project directory with `jobs/` manifests and scripts.
+pub struct Project {
+    pub dir: tempfile::TempDir,
+}
+
+impl Project {
+    pub fn new() -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("jobs/bin")).unwrap();
+        Project { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn write(&self, rel: &str, content: &str) -> PathBuf {
+        let p = self.dir.path().join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, content).unwrap();
+        p
+    }
+
+    /// Write an executable script.
+    pub fn script(&self, rel: &str, content: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let p = self.write(rel, content);
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    }
+}
