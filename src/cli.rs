@@ -1,4 +1,300 @@
-//! Command line (placeholder).
+//! The command line, with Sidekiq's habits: `playguard [run]`, `playguard enqueue`,
+//! `playguard check`. Flags win over `-C config/sidekiq.yml`, which wins over Sidekiq 7's
+//! defaults. A configuration error is one clear line and a non-zero exit.
+
+use crate::config::{self, Config};
+use crate::handler::Registry;
+use crate::manifest::Manifest;
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "playguard",
+    version,
+    about = "A Sidekiq-compatible background worker",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the worker (the default).
+    Run(RunArgs),
+    /// Push a job as the Sidekiq client would.
+    Enqueue(EnqueueArgs),
+    /// Validate the manifests and reach Redis.
+    Check(CheckArgs),
+}
+
+#[derive(Args, Clone, Default)]
+struct RunArgs {
+    /// Redis URL (redis://, rediss://, user:password@, /db).
+    #[arg(
+        short = 'r',
+        long = "redis",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    redis: String,
+    /// Queue to process, optionally with a weight: -q critical,3 -q default. Repeatable.
+    #[arg(short = 'q', long = "queue")]
+    queues: Vec<String>,
+    /// Concurrency (jobs at once). Default 5, as Sidekiq 7.
+    #[arg(short = 'c', long)]
+    concurrency: Option<usize>,
+    /// Shutdown timeout in seconds. Default 25.
+    #[arg(short = 't', long)]
+    timeout: Option<f64>,
+    /// Sidekiq YAML config (default: config/sidekiq.yml when present).
+    #[arg(short = 'C', long = "config")]
+    config: Option<PathBuf>,
+    /// Job manifest folder.
+    #[arg(short = 'j', long = "jobs", default_value = "jobs")]
+    jobs: PathBuf,
+    /// Environment (else APP_ENV, RAILS_ENV, RACK_ENV, development); picks the YAML section.
+    #[arg(short = 'e', long = "environment")]
+    environment: Option<String>,
+    /// Process tag shown on the Busy page.
+    #[arg(short = 'g', long)]
+    tag: Option<String>,
+    /// text or json.
+    #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// reliable (default: nothing is lost on SIGKILL) or basic (Sidekiq OSS BRPOP).
+    #[arg(long, default_value = "reliable", value_parser = ["reliable", "basic"])]
+    fetch: String,
+    /// Average scheduled-poll interval in seconds (Sidekiq's average_scheduled_poll_interval).
+    #[arg(long = "poll-interval")]
+    poll_interval: Option<f64>,
+    /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
+    #[arg(long = "metrics-addr")]
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Args)]
+struct EnqueueArgs {
+    /// The Sidekiq class name.
+    class: String,
+    /// Arguments, each a JSON value (a bare word is taken as a string).
+    args: Vec<String>,
+    #[arg(
+        short = 'r',
+        long = "redis",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    redis: String,
+    #[arg(long, default_value = "default")]
+    queue: String,
+    /// Run in this many seconds (goes to the schedule set).
+    #[arg(long = "in")]
+    in_secs: Option<f64>,
+    /// N or false.
+    #[arg(long)]
+    retry: Option<String>,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    #[arg(short = 'j', long = "jobs", default_value = "jobs")]
+    jobs: PathBuf,
+    #[arg(
+        short = 'r',
+        long = "redis",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    redis: String,
+}
+
+fn environment(flag: Option<String>) -> String {
+    flag.or_else(|| {
+        ["APP_ENV", "RAILS_ENV", "RACK_ENV"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    })
+    .unwrap_or_else(|| "development".into())
+}
+
+fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
+    let mut c = Config {
+        redis_url: a.redis,
+        env: environment(a.environment),
+        jobs_dir: a.jobs,
+        reliable_fetch: a.fetch == "reliable",
+        metrics_addr: a.metrics_addr,
+        ..Config::default()
+    };
+    let file = match a.config {
+        Some(p) => Some(p),
+        None => Some(PathBuf::from("config/sidekiq.yml")).filter(|p| p.exists()),
+    };
+    if let Some(path) = file {
+        let f = config::load_file(&path, &c.env).map_err(|e| e.to_string())?;
+        if let Some(n) = f.concurrency {
+            c.concurrency = n;
+        }
+        if let Some(t) = f.timeout {
+            c.timeout = Duration::from_secs_f64(t.max(0.0));
+        }
+        if let Some(q) = f.queues {
+            if !q.is_empty() {
+                c.queues.queues = q;
+            }
+        }
+        c.tag = f.tag;
+        c.labels = f.labels.unwrap_or_default();
+        if let Some(p) = f.poll_interval_average {
+            c.poll_interval_average = p;
+        }
+    }
+    if !a.queues.is_empty() {
+        c.queues.queues = a
+            .queues
+            .iter()
+            .map(|q| config::parse_queue_arg(q))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(n) = a.concurrency {
+        c.concurrency = n;
+    }
+    if c.concurrency == 0 {
+        return Err("concurrency must be at least 1".into());
+    }
+    if let Some(t) = a.timeout {
+        if !(t >= 0.0 && t.is_finite()) {
+            return Err(format!("-t {t}: the timeout must be a number of seconds"));
+        }
+        c.timeout = Duration::from_secs_f64(t);
+    }
+    if a.tag.is_some() {
+        c.tag = a.tag;
+    }
+    if let Some(p) = a.poll_interval {
+        if !(p > 0.0 && p.is_finite()) {
+            return Err("--poll-interval must be > 0".into());
+        }
+        c.poll_interval_average = p;
+    }
+    Ok((c, a.log_format == "json"))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Entry point of the binary.
 pub fn main() -> i32 {
+    main_with(Registry::new())
+}
+
+/// Entry point for embedders: the full CLI, with Rust handlers already registered.
+pub fn main_with(registry: Registry) -> i32 {
+    let cli = Cli::parse();
+    match cli.cmd {
+        None => run(cli.run, registry),
+        Some(Cmd::Run(a)) => run(a, registry),
+        Some(Cmd::Enqueue(a)) => enqueue(a),
+        Some(Cmd::Check(a)) => check(a, &registry),
+    }
+}
+
+fn run(a: RunArgs, registry: Registry) -> i32 {
+    let (config, json) = match build_config(a) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("playguard: configuration error: {e}");
+            return 2;
+        }
+    };
+    crate::logging::init(json);
+    use tracing::Instrument;
+    let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
+    match runtime().block_on(fut) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("playguard: {e}");
+            1
+        }
+    }
+}
+
+fn enqueue(a: EnqueueArgs) -> i32 {
+    let args: Vec<serde_json::Value> = a
+        .args
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::from(s.as_str())))
+        .collect();
+    let retry = match a.retry.as_deref() {
+        None | Some("true") => serde_json::Value::Bool(true),
+        Some("false") => serde_json::Value::Bool(false),
+        Some(n) => match n.parse::<i64>() {
+            Ok(n) => serde_json::Value::from(n),
+            Err(_) => {
+                eprintln!("playguard: --retry takes a number, true or false, not {n:?}");
+                return 2;
+            }
+        },
+    };
+    let job = crate::enqueue::NewJob {
+        class: a.class,
+        args,
+        queue: a.queue,
+        retry,
+        at: a.in_secs.map(|s| crate::payload::now_f64() + s),
+    };
+    let res = runtime().block_on(async {
+        let client = crate::redis_conn::client(&a.redis)?;
+        let mut conn = crate::redis_conn::shared(&client).await?;
+        crate::enqueue::push(&mut conn, &job).await
+    });
+    match res {
+        Ok(jid) => {
+            println!("{jid}");
+            0
+        }
+        Err(e) => {
+            eprintln!("playguard: cannot enqueue at {}: {e}", a.redis);
+            1
+        }
+    }
+}
+
+fn check(a: CheckArgs, registry: &Registry) -> i32 {
+    let m = match Manifest::load(&a.jobs) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("playguard: bad manifest: {e}");
+            return 2;
+        }
+    };
+    let res = runtime().block_on(async {
+        let client = crate::redis_conn::client(&a.redis)?;
+        let mut conn = crate::redis_conn::shared(&client).await?;
+        redis::cmd("PING").query_async::<()>(&mut conn).await
+    });
+    if let Err(e) = res {
+        eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis);
+        return 1;
+    }
+    println!(
+        "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis at {} answers",
+        m.jobs.len(),
+        a.jobs.display(),
+        m.periodic.len(),
+        registry.classes().len(),
+        a.redis
+    );
     0
 }

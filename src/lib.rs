@@ -5,6 +5,28 @@
 //! manifest command jobs, and retries them the way Sidekiq's `job_retry.rb` does.
 
 pub mod cli;
+pub mod command;
+pub mod command_job;
 pub mod config;
+pub mod enqueue;
+pub mod fetch;
+pub mod handler;
+pub mod heartbeat;
+pub mod launcher;
 pub mod lock;
+pub mod logging;
+pub mod manifest;
+pub mod metrics;
+pub mod payload;
+pub mod periodic;
+pub mod processor;
 pub mod redis_conn;
+pub mod retry;
+pub mod runtime;
+pub mod scheduled;
+pub mod shutdown;
+pub mod sweeper;
+pub mod work;
+
+pub use handler::{JobContext, Outcome, Registry};
+pub use retry::Failure;

@@ -2,8 +2,11 @@
 //! response timeout, since redis-rs >= 1.0 defaults to 500 ms), and dedicated connections for
 //! blocking pops so a BRPOP/BLMOVE never stalls the shared pipe. Touches no keys itself.
 
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Client, RedisResult};
+
+/// The shared connection type: multiplexed, and it reconnects by itself after Redis restarts.
+pub type Conn = ConnectionManager;
 use std::time::Duration;
 
 /// How long an ordinary command may take before we call it an error.
@@ -16,20 +19,18 @@ pub fn client(url: &str) -> RedisResult<Client> {
     Client::open(url)
 }
 
-/// The shared connection: pipelined, every reply bounded by `response_timeout`.
-pub async fn shared_with_timeout(
-    client: &Client,
-    response_timeout: Duration,
-) -> RedisResult<MultiplexedConnection> {
-    let cfg = AsyncConnectionConfig::new()
+/// The shared connection: pipelined, every reply bounded by `response_timeout`, reconnecting in
+/// the background after an error (the failed request itself still reports the error).
+pub async fn shared_with_timeout(client: &Client, response_timeout: Duration) -> RedisResult<Conn> {
+    let cfg = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(response_timeout));
-    client
-        .get_multiplexed_async_connection_with_config(&cfg)
-        .await
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    client.get_connection_manager_with_config(cfg).await
 }
 
-pub async fn shared(client: &Client) -> RedisResult<MultiplexedConnection> {
+pub async fn shared(client: &Client) -> RedisResult<Conn> {
     shared_with_timeout(client, RESPONSE_TIMEOUT).await
 }
 

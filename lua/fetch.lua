@@ -1,0 +1,22 @@
+-- Reliable fetch: move up to ARGV[1] jobs from the queues, in the order given, into this
+-- process's working lists, all in one atomic step (no moment where a job is only in memory).
+-- KEYS[1..n]    = queue:<q> in fetch order
+-- KEYS[n+1..2n] = playguard:working:<identity>:<q>, same order
+-- Returns a flat array {index, job, index, job, ...} (index = 1-based position in KEYS[1..n]).
+local n = #KEYS / 2
+local want = tonumber(ARGV[1])
+local out = {}
+for i = 1, n do
+  if want <= 0 then break end
+  -- RPOP with a count takes the oldest jobs first (the client LPUSHes on the left).
+  local jobs = redis.call('RPOP', KEYS[i], want)
+  if jobs then
+    for _, job in ipairs(jobs) do
+      redis.call('LPUSH', KEYS[n + i], job)
+      out[#out + 1] = i
+      out[#out + 1] = job
+    end
+    want = want - #jobs
+  end
+end
+return out

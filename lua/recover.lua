@@ -1,0 +1,32 @@
+-- Return a dead process's working lists to the heads of their queues (RPUSH: next popped),
+-- counting recoveries per payload; a payload recovered ARGV[2] times goes to the poison list
+-- instead (the caller turns it into a proper dead-set entry without re-encoding it here).
+-- KEYS[1] = playguard:fetchers   KEYS[2] = playguard:alive:<identity>
+-- KEYS[3] = playguard:recovered  KEYS[4] = playguard:poison
+-- ARGV[1] = identity  ARGV[2] = max recoveries  ARGV[3] = '1' to skip the liveness check
+-- ARGV[4..] = queue names
+if ARGV[3] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+  return -1
+end
+local moved = 0
+for i = 4, #ARGV do
+  local q = ARGV[i]
+  local wk = 'playguard:working:' .. ARGV[1] .. ':' .. q
+  while true do
+    -- newest first, so the oldest ends up rightmost and runs first
+    local job = redis.call('LPOP', wk)
+    if not job then break end
+    local h = redis.sha1hex(job)
+    local n = redis.call('HINCRBY', KEYS[3], h, 1)
+    if n >= tonumber(ARGV[2]) then
+      redis.call('HDEL', KEYS[3], h)
+      redis.call('LPUSH', KEYS[4], job)
+    else
+      redis.call('RPUSH', 'queue:' .. q, job)
+    end
+    moved = moved + 1
+  end
+end
+redis.call('EXPIRE', KEYS[3], 604800)
+redis.call('HDEL', KEYS[1], ARGV[1])
+return moved

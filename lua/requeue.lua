@@ -1,0 +1,9 @@
+-- Put an unfinished job back at the head of its queue (RPUSH: it is the next one popped, as
+-- Sidekiq's hard shutdown does), but only if it is still in our working list, so a job is never
+-- pushed back twice.
+-- KEYS[1] = playguard:working:<identity>:<q>, KEYS[2] = queue:<q>; ARGV[1] = the exact payload
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0

@@ -1,0 +1,143 @@
+//! Runs one manifest command: argv (never a shell), the PLAYGUARD_* environment, the payload on
+//! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
+//! Every stdout/stderr line is logged with the jid and phase. Touches no Redis keys.
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::future::Future;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Command;
+
+/// Time between TERM and KILL when a command's group is stopped.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How many stderr lines are kept as the failure's "backtrace".
+const STDERR_TAIL: usize = 20;
+
+pub struct Spec<'a> {
+    pub argv: &'a [String],
+    pub env: Vec<(String, String)>,
+    pub stdin: String,
+    /// For the caller's records; output lines carry the job span's jid.
+    pub jid: &'a str,
+    pub phase: Option<&'a str>,
+}
+
+#[derive(Debug)]
+pub enum Exit {
+    Success,
+    /// Non-zero exit: message is the last non-empty stderr line.
+    Failed {
+        message: String,
+        stderr_tail: Vec<String>,
+    },
+    /// We stopped it (deadline, lost lease, shutdown); `why` names the reason.
+    Killed {
+        why: String,
+    },
+    /// It could not be started at all.
+    SpawnFailed(String),
+}
+
+/// Run the command until it exits or `stop` resolves (then its group gets TERM, then KILL).
+pub async fn run(spec: Spec<'_>, stop: impl Future<Output = String>) -> Exit {
+    let Some((prog, args)) = spec.argv.split_first() else {
+        return Exit::SpawnFailed("empty argv".into());
+    };
+    let mut cmd = Command::new(prog);
+    cmd.args(args)
+        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}")),
+    };
+    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = spec.stdin.clone();
+        // A command that never reads stdin must not block us: write from a task, ignore EPIPE.
+        tokio::spawn(async move {
+            let _ = stdin.write_all(input.as_bytes()).await;
+        });
+    }
+    let phase = spec.phase.unwrap_or("").to_string();
+    let out = child.stdout.take().map(|s| {
+        let phase = phase.clone();
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            let mut lines = BufReader::new(s).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(phase = %phase, stream = "stdout", "{line}");
+            }
+        }))
+    });
+    let err = child.stderr.take().map(|s| {
+        tokio::spawn(tracing::Instrument::in_current_span(async move {
+            let mut tail: Vec<String> = Vec::new();
+            let mut lines = BufReader::new(s).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(phase = %phase, stream = "stderr", "{line}");
+                if !line.trim().is_empty() {
+                    if tail.len() == STDERR_TAIL {
+                        tail.remove(0);
+                    }
+                    tail.push(line);
+                }
+            }
+            tail
+        }))
+    });
+
+    let mut killed: Option<String> = None;
+    tokio::pin!(stop);
+    let status = tokio::select! {
+        st = child.wait() => st,
+        why = &mut stop => {
+            killed = Some(why);
+            if let Some(pg) = pgid {
+                let _ = killpg(pg, Signal::SIGTERM);
+            }
+            match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+                Ok(st) => st,
+                Err(_) => {
+                    if let Some(pg) = pgid {
+                        let _ = killpg(pg, Signal::SIGKILL);
+                    }
+                    child.wait().await
+                }
+            }
+        }
+    };
+    // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
+    if let Some(pg) = pgid {
+        let _ = killpg(pg, Signal::SIGKILL);
+    }
+    if let Some(h) = out {
+        let _ = h.await;
+    }
+    let tail = match err {
+        Some(h) => h.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    if let Some(why) = killed {
+        return Exit::Killed { why };
+    }
+    match status {
+        Ok(st) if st.success() => Exit::Success,
+        Ok(st) => {
+            let message = tail
+                .last()
+                .cloned()
+                .unwrap_or_else(|| format!("{prog} exited with {st}"));
+            Exit::Failed {
+                message,
+                stderr_tail: tail,
+            }
+        }
+        Err(e) => Exit::SpawnFailed(format!("waiting for {prog:?}: {e}")),
+    }
+}

@@ -1,0 +1,110 @@
+//! A plain manifest job: one command per run. Builds the PLAYGUARD_* environment that every
+//! command (plain or phase) receives. Touches no Redis keys.
+
+use crate::command::{self, Exit};
+use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
+use crate::retry::Failure;
+use std::time::Duration;
+
+/// error_class recorded when a command exits non-zero.
+pub const COMMAND_ERROR: &str = "Playguard::CommandFailed";
+/// error_class recorded when a command outlives its timeout.
+pub const TIMEOUT_ERROR: &str = "Playguard::Timeout";
+
+/// Lock facts a phase command gets.
+pub struct LockEnv<'a> {
+    pub key: &'a str,
+    pub fence: i64,
+}
+
+/// The environment of design.md: job data reaches a command only through it and stdin.
+pub fn job_env(
+    ctx: &JobContext,
+    phase: Option<&str>,
+    lock: Option<LockEnv>,
+) -> Vec<(String, String)> {
+    let mut env = vec![
+        ("PLAYGUARD_JID".to_string(), ctx.jid.clone()),
+        ("PLAYGUARD_CLASS".to_string(), ctx.class.clone()),
+        ("PLAYGUARD_QUEUE".to_string(), ctx.queue.clone()),
+        (
+            "PLAYGUARD_ARGS".to_string(),
+            serde_json::to_string(&ctx.args).unwrap_or_else(|_| "[]".into()),
+        ),
+        (
+            "PLAYGUARD_RETRY_COUNT".to_string(),
+            ctx.retry_count.map(|c| c.to_string()).unwrap_or_default(),
+        ),
+    ];
+    if let Some(p) = phase {
+        env.push(("PLAYGUARD_PHASE".into(), p.to_string()));
+    }
+    if let Some(l) = lock {
+        env.push(("PLAYGUARD_LOCK_KEY".into(), l.key.to_string()));
+        env.push(("PLAYGUARD_FENCE".into(), l.fence.to_string()));
+    }
+    env
+}
+
+/// Map a command's exit to a Failure (None on success).
+pub fn exit_failure(exit: Exit) -> Option<Failure> {
+    match exit {
+        Exit::Success => None,
+        Exit::Failed {
+            message,
+            stderr_tail,
+        } => Some(Failure {
+            class: COMMAND_ERROR.into(),
+            message,
+            backtrace: stderr_tail.into_iter().rev().collect(),
+        }),
+        Exit::Killed { why } => Some(Failure::new(TIMEOUT_ERROR, why)),
+        Exit::SpawnFailed(m) => Some(Failure::new(COMMAND_ERROR, m)),
+    }
+}
+
+pub struct CommandJob {
+    pub argv: Vec<String>,
+    pub timeout: Option<Duration>,
+}
+
+impl Handler for CommandJob {
+    fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
+        let argv = self.argv.clone();
+        let timeout = self.timeout;
+        Box::pin(async move {
+            let env = job_env(&ctx, None, None);
+            let shutdown = ctx.shutdown.clone();
+            let stop = async move {
+                let limit = async {
+                    match timeout {
+                        Some(t) => tokio::time::sleep(t).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown.hard_deadline() => "shutdown deadline reached".to_string(),
+                    _ = limit => format!("timed out after {}s", timeout.unwrap_or_default().as_secs_f64()),
+                }
+            };
+            let exit = command::run(
+                command::Spec {
+                    argv: &argv,
+                    env,
+                    stdin: ctx.payload.to_string(),
+                    jid: &ctx.jid,
+                    phase: None,
+                },
+                stop,
+            )
+            .await;
+            if matches!(exit, Exit::Killed { .. }) && ctx.shutdown.past_deadline() {
+                return Outcome::Requeue;
+            }
+            match exit_failure(exit) {
+                None => Outcome::Done,
+                Some(f) => Outcome::Failed(f),
+            }
+        })
+    }
+}

@@ -1,0 +1,342 @@
+//! Fetching: Sidekiq's strict / weighted queue order, then either reliable fetch (a Lua script
+//! moves up to N jobs from `queue:<q>` into `playguard:working:<identity>:<q>`, and idle waits
+//! use BLMOVE into the same lists) or basic fetch (BRPOP, as Sidekiq OSS).
+//!
+//! Blocking commands run on connections of their own, one command at a time, and are never
+//! dropped mid-flight: to stop waiting we send `CLIENT UNBLOCK <id>` from the shared
+//! connection, so a pop that already happened is always delivered and handled.
+
+use crate::processor;
+use crate::runtime::{Fetched, Runtime};
+use rand::seq::SliceRandom;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify, Semaphore};
+use tokio::task::JoinSet;
+
+/// Server-side timeout of a blocking pop (Sidekiq's fetch.rb TIMEOUT).
+pub const BLOCK_TIMEOUT_SECS: f64 = 2.0;
+/// Pause after a Redis error in the fetch path, as Sidekiq does.
+const ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// Most jobs one fetch script moves.
+const MAX_BATCH: usize = 256;
+
+static FETCH: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/fetch.lua")));
+
+/// The configured queues and weights, and Sidekiq's rule for ordering them before each fetch.
+#[derive(Debug, Clone)]
+pub struct QueueOrder {
+    /// (name, weight) as configured; weight 0 = none given.
+    pub queues: Vec<(String, u32)>,
+}
+
+impl QueueOrder {
+    /// Unique queue names in configured order.
+    pub fn names(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (q, _) in &self.queues {
+            if !out.contains(q) {
+                out.push(q.clone());
+            }
+        }
+        out
+    }
+
+    /// Strict unless some weight is > 0 (6.4.1's rule).
+    pub fn weighted(&self) -> bool {
+        self.queues.iter().any(|(_, w)| *w > 0)
+    }
+
+    /// The order for one fetch: strict = configured; weighted = each queue repeated by its weight
+    /// (0 counts as 1), shuffled, then first occurrences kept.
+    pub fn order(&self) -> Vec<String> {
+        if !self.weighted() {
+            return self.names();
+        }
+        let mut expanded: Vec<&String> = Vec::new();
+        for (q, w) in &self.queues {
+            for _ in 0..(*w).max(1) {
+                expanded.push(q);
+            }
+        }
+        expanded.shuffle(&mut rand::rng());
+        let mut out: Vec<String> = Vec::new();
+        for q in expanded {
+            if !out.contains(q) {
+                out.push(q.clone());
+            }
+        }
+        out
+    }
+}
+
+type Delivery = Option<Fetched>;
+
+/// One blocking pop loop on its own connection. It pops only when armed, so it never takes
+/// more work than the fetch loop asked for.
+struct Blocker {
+    arm: Arc<Notify>,
+    client_id: Arc<std::sync::atomic::AtomicI64>,
+}
+
+enum BlockCmd {
+    /// BRPOP over all queues in order (basic fetch).
+    Brpop,
+    /// BLMOVE one queue into its working list (reliable fetch).
+    Blmove(String),
+}
+
+fn spawn_blocker(
+    rt: Arc<Runtime>,
+    what: BlockCmd,
+    tx: mpsc::UnboundedSender<Delivery>,
+    set: &mut JoinSet<()>,
+) -> Blocker {
+    let arm = Arc::new(Notify::new());
+    let client_id = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+    let b = Blocker {
+        arm: arm.clone(),
+        client_id: client_id.clone(),
+    };
+    set.spawn(tracing::Instrument::instrument(async move {
+        let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+        loop {
+            tokio::select! {
+                _ = arm.notified() => {}
+                _ = rt.shutdown.quieted() => return,
+            }
+            if rt.shutdown.is_quiet() {
+                return;
+            }
+            if conn.is_none() {
+                match crate::redis_conn::dedicated(&rt.client).await {
+                    Ok(mut c) => {
+                        let id: i64 = redis::cmd("CLIENT").arg("ID").query_async(&mut c).await.unwrap_or(-1);
+                        client_id.store(id, std::sync::atomic::Ordering::SeqCst);
+                        conn = Some(c);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "fetch: cannot connect to Redis; retrying in 1s");
+                        tokio::time::sleep(ERROR_PAUSE).await;
+                        let _ = tx.send(None);
+                        continue;
+                    }
+                }
+            }
+            let c = conn.as_mut().expect("connected above");
+            let res: redis::RedisResult<Option<Fetched>> = match &what {
+                BlockCmd::Brpop => {
+                    let keys: Vec<String> = rt
+                        .config
+                        .queues
+                        .order()
+                        .iter()
+                        .map(|q| format!("queue:{q}"))
+                        .collect();
+                    redis::cmd("BRPOP")
+                        .arg(&keys)
+                        .arg(BLOCK_TIMEOUT_SECS)
+                        .query_async::<Option<(String, String)>>(c)
+                        .await
+                        .map(|r| {
+                            r.map(|(k, raw)| Fetched {
+                                queue: k.strip_prefix("queue:").unwrap_or(&k).to_string(),
+                                raw,
+                            })
+                        })
+                }
+                BlockCmd::Blmove(q) => redis::cmd("BLMOVE")
+                    .arg(format!("queue:{q}"))
+                    .arg(rt.working_key(q))
+                    .arg("RIGHT")
+                    .arg("LEFT")
+                    .arg(BLOCK_TIMEOUT_SECS)
+                    .query_async::<Option<String>>(c)
+                    .await
+                    .map(|r| r.map(|raw| Fetched { queue: q.clone(), raw })),
+            };
+            match res {
+                Ok(d) => {
+                    let _ = tx.send(d);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
+                    conn = None;
+                    client_id.store(-1, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                    let _ = tx.send(None);
+                }
+            }
+        }
+    }, crate::logging::root().clone()));
+    b
+}
+
+/// Ask Redis to end the blocked pops now (they return nil, or the job they already moved).
+async fn unblock(rt: &Runtime, blockers: &[Blocker]) {
+    let mut conn = rt.conn.clone();
+    for b in blockers {
+        let id = b.client_id.load(std::sync::atomic::Ordering::SeqCst);
+        if id >= 0 {
+            let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async(&mut conn)
+                .await;
+        }
+    }
+}
+
+/// Move up to `n` jobs in one script call (reliable fetch).
+async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>> {
+    let order = rt.config.queues.order();
+    let mut inv = FETCH.prepare_invoke();
+    for q in &order {
+        inv.key(format!("queue:{q}"));
+    }
+    for q in &order {
+        inv.key(rt.working_key(q));
+    }
+    inv.arg(n.min(MAX_BATCH));
+    let mut conn = rt.conn.clone();
+    let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+    let mut out = Vec::with_capacity(flat.len() / 2);
+    for pair in flat.chunks(2) {
+        if let [idx, job] = pair {
+            let i: usize = redis::from_redis_value_ref(idx)?;
+            let raw: String = redis::from_redis_value_ref(job)?;
+            out.push(Fetched {
+                queue: order[i - 1].clone(),
+                raw,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The fetch loop: runs until quiet/stop, starting one processor task per job, never more
+/// than `concurrency` at once. Jobs that arrive after quiet are pushed straight back.
+pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Delivery>();
+    let mut blocker_tasks = JoinSet::new();
+    let blockers: Vec<Blocker> = if rt.reliable() {
+        rt.config
+            .queues
+            .names()
+            .into_iter()
+            .map(|q| {
+                spawn_blocker(
+                    rt.clone(),
+                    BlockCmd::Blmove(q),
+                    tx.clone(),
+                    &mut blocker_tasks,
+                )
+            })
+            .collect()
+    } else {
+        vec![spawn_blocker(
+            rt.clone(),
+            BlockCmd::Brpop,
+            tx.clone(),
+            &mut blocker_tasks,
+        )]
+    };
+    drop(tx);
+    let mut pending: Vec<Fetched> = Vec::new();
+    'outer: loop {
+        // Start whatever we hold, as slots allow.
+        while let Some(f) = pending.pop() {
+            let permit = tokio::select! {
+                p = sem.clone().acquire_owned() => p.expect("semaphore never closed"),
+                _ = rt.shutdown.quieted() => { pending.push(f); break 'outer; }
+            };
+            let rt2 = rt.clone();
+            tokio::spawn(async move {
+                processor::process(&rt2, f).await;
+                drop(permit);
+            });
+        }
+        // Wait for a free slot before taking more work.
+        let free = tokio::select! {
+            p = sem.clone().acquire_owned() => { drop(p); sem.available_permits() }
+            _ = rt.shutdown.quieted() => break,
+        };
+        while let Ok(d) = rx.try_recv() {
+            pending.extend(d);
+        }
+        if !pending.is_empty() {
+            continue;
+        }
+        if rt.reliable() {
+            match fetch_batch(&rt, free).await {
+                Ok(v) if !v.is_empty() => {
+                    rt.metrics.fetch_batch(v.len());
+                    pending = v;
+                    pending.reverse(); // popped from the end: keep fetch order
+                    continue;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
+                    tokio::select! {
+                        _ = tokio::time::sleep(ERROR_PAUSE) => continue,
+                        _ = rt.shutdown.quieted() => break,
+                    }
+                }
+            }
+        }
+        // Nothing ready: block until something arrives (or quiet).
+        for b in &blockers {
+            b.arm.notify_one();
+        }
+        tokio::select! {
+            d = rx.recv() => match d {
+                Some(Some(f)) => {
+                    pending.push(f);
+                    // Stop the other waiters; whatever they already moved is delivered too.
+                    if blockers.len() > 1 {
+                        unblock(&rt, &blockers).await;
+                    }
+                }
+                Some(None) => {}
+                None => break,
+            },
+            _ = rt.shutdown.quieted() => break,
+        }
+    }
+    // Quiet: end the blocked pops and hand back everything fetched but not started.
+    unblock(&rt, &blockers).await;
+    while blocker_tasks.join_next().await.is_some() {}
+    while let Ok(d) = rx.try_recv() {
+        pending.extend(d);
+    }
+    for f in pending {
+        rt.requeue_logged(&f).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_order_is_configured_order_deduplicated() {
+        let q = QueueOrder {
+            queues: vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 0)],
+        };
+        assert!(!q.weighted());
+        assert_eq!(q.order(), vec!["a", "b"]);
+    }
+
+    #[test]
+    fn weighted_order_follows_weights() {
+        let q = QueueOrder {
+            queues: vec![("hi".into(), 3), ("lo".into(), 1)],
+        };
+        let firsts = (0..4000).filter(|_| q.order()[0] == "hi").count();
+        // Expect about 3/4 first; a wide band keeps this from flaking.
+        assert!((2700..3300).contains(&firsts), "{firsts}");
+        assert_eq!(q.order().len(), 2);
+    }
+}

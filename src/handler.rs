@@ -1,0 +1,118 @@
+//! Job classes: the registry mapping a Sidekiq class name to what runs it (a Rust handler
+//! registered through the library API, a manifest command, or a phased job), and the context
+//! and outcome every handler shares. Touches no Redis keys.
+
+use crate::retry::Failure;
+use crate::shutdown::Shutdown;
+use crate::work::SlotGuard;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Everything a running job may know about itself.
+pub struct JobContext {
+    pub jid: String,
+    /// The class dispatched on (ActiveJob's job_class for wrapper payloads).
+    pub class: String,
+    pub queue: String,
+    /// `args`, or ActiveJob's `arguments`.
+    pub args: Vec<Value>,
+    pub retry_count: Option<i64>,
+    /// The exact popped payload.
+    pub payload: Arc<str>,
+    pub shutdown: Shutdown,
+    pub redis: crate::redis_conn::Conn,
+    pub(crate) slot: Option<Arc<SlotGuard>>,
+}
+
+impl JobContext {
+    /// Show the running phase on the Busy page (work hash entry) and in TTIN dumps.
+    pub fn set_phase(&self, phase: Option<&str>) {
+        if let Some(s) = &self.slot {
+            s.set_phase(phase);
+        }
+    }
+}
+
+/// How a job ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Finished; acknowledged. Includes "skipped: locked" and "aborted: lock lost".
+    Done,
+    /// Failed: retried or killed per the payload, as Sidekiq does.
+    Failed(Failure),
+    /// Interrupted by shutdown: the original payload goes back to the head of its queue.
+    Requeue,
+}
+
+/// What a class runs. Implemented by closures through [`Registry::register_fn`].
+pub trait Handler: Send + Sync + 'static {
+    fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome>;
+}
+
+struct FnHandler<F>(F);
+
+impl<F, Fut> Handler for FnHandler<F>
+where
+    F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
+        let fut = (self.0)(ctx);
+        Box::pin(async move {
+            match fut.await {
+                Ok(()) => Outcome::Done,
+                Err(f) => Outcome::Failed(f),
+            }
+        })
+    }
+}
+
+/// Class name -> handler.
+#[derive(Default, Clone)]
+pub struct Registry {
+    map: HashMap<String, Arc<dyn Handler>>,
+}
+
+impl Registry {
+    pub fn new() -> Registry {
+        Registry::default()
+    }
+
+    pub fn register(&mut self, class: impl Into<String>, h: impl Handler) -> &mut Self {
+        self.map.insert(class.into(), Arc::new(h));
+        self
+    }
+
+    pub fn register_arc(&mut self, class: impl Into<String>, h: Arc<dyn Handler>) -> &mut Self {
+        self.map.insert(class.into(), h);
+        self
+    }
+
+    /// Register an async closure: `Ok(())` = done, `Err(Failure)` = Sidekiq retry.
+    pub fn register_fn<F, Fut>(&mut self, class: impl Into<String>, f: F) -> &mut Self
+    where
+        F: Fn(JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), Failure>> + Send + 'static,
+    {
+        self.register(class, FnHandler(f))
+    }
+
+    pub fn get(&self, class: &str) -> Option<Arc<dyn Handler>> {
+        self.map.get(class).cloned()
+    }
+
+    pub fn contains(&self, class: &str) -> bool {
+        self.map.contains_key(class)
+    }
+
+    pub fn classes(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.map.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,227 @@
+//! Starts and stops one worker process. Shutdown flows one way: signal -> fetch stops ->
+//! running jobs see it (plain jobs until the deadline, phased jobs at their next boundary) ->
+//! locks released and jobs requeued by their own processors -> leftovers drained from our
+//! working lists -> heartbeat cleared (`processes`, `<identity>:work`) -> exit 0.
+
+use crate::config::Config;
+use crate::handler::Registry;
+use crate::manifest::Manifest;
+use crate::runtime::Runtime;
+use crate::shutdown::Shutdown;
+use crate::work::WorkState;
+use crate::{fetch, heartbeat, periodic, scheduled, sweeper};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+/// Extra time after the deadline for killed phases to exit and jobs to be pushed back.
+const AFTER_DEADLINE: Duration = Duration::from_secs(6);
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot reach Redis at {url}: {err}")]
+    Redis { url: String, err: redis::RedisError },
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Log what every busy slot is doing (TTIN).
+fn dump_slots(rt: &Runtime) {
+    let snap = rt.work.snapshot();
+    tracing::info!(
+        busy = snap.len(),
+        concurrency = rt.config.concurrency,
+        "TTIN: slot dump"
+    );
+    for (tid, e) in snap {
+        tracing::info!(tid = %tid, jid = %e.jid, class = %e.class, queue = %e.queue,
+            phase = e.phase.as_deref().unwrap_or("-"),
+            runtime_ms = e.started.elapsed().as_millis() as u64, "busy");
+    }
+}
+
+fn apply_signal(rt: &Runtime, sig: &str, remote: bool) {
+    let from = if remote { "remote " } else { "" };
+    match sig {
+        "TERM" | "INT" => {
+            let again = rt.shutdown.is_stopping();
+            rt.shutdown.stop(rt.config.timeout);
+            if again {
+                tracing::warn!("{from}{sig} again: shutdown deadline moved to now");
+            } else {
+                tracing::info!(
+                    timeout_secs = rt.config.timeout.as_secs_f64(),
+                    "{from}{sig}: shutting down; running jobs get until the deadline"
+                );
+            }
+        }
+        "TSTP" => {
+            rt.shutdown.quiet();
+            tracing::info!("{from}TSTP: quiet, no new jobs will be fetched");
+        }
+        "TTIN" => dump_slots(rt),
+        other => tracing::info!("{from}{other}: ignored"),
+    }
+}
+
+async fn signals(rt: Arc<Runtime>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let kinds = [
+        ("TERM", SignalKind::terminate()),
+        ("INT", SignalKind::interrupt()),
+        ("TSTP", SignalKind::from_raw(nix::libc::SIGTSTP)),
+        ("TTIN", SignalKind::from_raw(nix::libc::SIGTTIN)),
+        ("USR1", SignalKind::user_defined1()),
+        ("USR2", SignalKind::user_defined2()),
+    ];
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    for (name, kind) in kinds {
+        match signal(kind) {
+            Ok(mut s) => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while s.recv().await.is_some() {
+                        if tx.send(name).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot listen for SIG{name}: {e}"),
+        }
+    }
+    while let Some(name) = rx.recv().await {
+        apply_signal(&rt, name, false);
+    }
+}
+
+async fn heartbeat_loop(rt: Arc<Runtime>, info: String) {
+    loop {
+        match heartbeat::beat(&rt, &info).await {
+            Ok(Some(sig)) => apply_signal(&rt, &sig, true),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
+        }
+        tokio::time::sleep(rt.config.beat_interval).await;
+    }
+}
+
+/// Register a command or phased job for every manifest entry.
+pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
+    for j in &manifest.jobs {
+        if j.phases.is_empty() {
+            registry.register(
+                j.class.clone(),
+                crate::command_job::CommandJob {
+                    argv: j.run.clone().unwrap_or_default(),
+                    timeout: j.timeout_secs.map(Duration::from_secs),
+                },
+            );
+        } else {
+            // phased jobs: registered by the reconcile module (lands with the token lock)
+            let _ = j;
+        }
+    }
+}
+
+/// Run a worker until it is told to stop. `registry` holds Rust handlers; manifest entries
+/// from `config.jobs_dir` are added to it.
+pub async fn run(config: Config, mut registry: Registry) -> Result<(), StartError> {
+    let manifest =
+        Manifest::load(&config.jobs_dir).map_err(|e| StartError::Config(e.to_string()))?;
+    register_manifest(&mut registry, &manifest);
+    let url = config.redis_url.clone();
+    let redis_err = |err| StartError::Redis {
+        url: url.clone(),
+        err,
+    };
+    let client = crate::redis_conn::client(&config.redis_url).map_err(redis_err)?;
+    let mut conn = crate::redis_conn::shared(&client)
+        .await
+        .map_err(redis_err)?;
+    redis::cmd("PING")
+        .query_async::<()>(&mut conn)
+        .await
+        .map_err(redis_err)?;
+
+    let rt = Arc::new(Runtime {
+        client,
+        conn,
+        identity: heartbeat::new_identity(),
+        registry,
+        work: WorkState::new(),
+        shutdown: Shutdown::new(),
+        metrics: Arc::new(crate::metrics::Metrics::default()),
+        config,
+    });
+    rt.metrics.concurrency.store(
+        rt.config.concurrency as i64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    if let Some(addr) = rt.config.metrics_addr {
+        crate::metrics::serve(
+            addr,
+            rt.metrics.clone(),
+            rt.config.beat_interval.as_millis() as i64,
+        )
+        .await
+        .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
+    }
+    tracing::info!(identity = %rt.identity, concurrency = rt.config.concurrency,
+        queues = ?rt.config.queues.names(), fetch = if rt.reliable() { "reliable" } else { "basic" },
+        classes = ?rt.registry.classes(), "playguard starting");
+
+    let root = crate::logging::root().clone();
+    let signal_task = tokio::spawn(signals(rt.clone()).instrument(root.clone()));
+    let info = heartbeat::info_json(&rt, crate::payload::now_f64());
+    // Beat before fetching: with reliable fetch our working lists must be claimed by a live
+    // process before they hold anything.
+    if let Err(e) = heartbeat::beat(&rt, &info).await {
+        tracing::warn!(error = %e, "first heartbeat failed");
+    }
+    let beat_task = tokio::spawn(heartbeat_loop(rt.clone(), info).instrument(root.clone()));
+    let mut side = tokio::task::JoinSet::new();
+    if rt.reliable() {
+        side.spawn(sweeper::run(rt.clone()).instrument(root.clone()));
+    }
+    side.spawn(scheduled::run(rt.clone()).instrument(root.clone()));
+    for p in manifest.periodic.clone() {
+        side.spawn(periodic::run(rt.clone(), p).instrument(root.clone()));
+    }
+
+    let slots = Arc::new(Semaphore::new(rt.config.concurrency));
+    fetch::run(rt.clone(), slots.clone()).await;
+    tracing::info!("fetching stopped");
+    rt.shutdown.stopped().await;
+    let deadline = rt
+        .shutdown
+        .state()
+        .deadline
+        .expect("stopping sets a deadline");
+    let all = slots.acquire_many(rt.config.concurrency as u32);
+    // The deadline may move (second TERM); processors follow it themselves, this is a backstop.
+    if tokio::time::timeout_at(deadline + AFTER_DEADLINE, all)
+        .await
+        .is_err()
+    {
+        tracing::error!("some jobs did not finish after the deadline; exiting anyway");
+    }
+    while side.join_next().await.is_some() {}
+    if rt.reliable() {
+        match sweeper::drain_own(&rt).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(jobs = n, "pushed leftover jobs back to their queues"),
+            Err(e) => {
+                tracing::error!(error = %e, "could not drain our working lists; the orphan sweep will")
+            }
+        }
+    }
+    beat_task.abort();
+    signal_task.abort();
+    if let Err(e) = heartbeat::clear(&rt).await {
+        tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");
+    }
+    tracing::info!("bye");
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! A fetched job: the exact popped string plus its parsed JSON object.
+//!
+//! The popped string is the source of truth (design.md "Payload fidelity"): we parse it with
+//! serde_json's `arbitrary_precision` + `preserve_order`, so unknown keys, key order, 2**70 and
+//! float spellings survive every re-push. Touches no Redis keys.
+
+use serde_json::{Map, Number, Value};
+
+/// The class name Rails' ActiveJob adapter enqueues (Sidekiq <= 7), and Sidekiq 8's alias.
+pub const ACTIVE_JOB_WRAPPERS: [&str; 2] = [
+    "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
+    "Sidekiq::ActiveJob::Wrapper",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PayloadError {
+    #[error("invalid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("job payload is JSON but not an object")]
+    NotObject,
+}
+
+/// One job as fetched from `queue:<queue>`.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The exact string popped from Redis; pushed back unchanged on requeue.
+    pub raw: String,
+    /// The queue it was popped from (Sidekiq uses this, not the payload's `queue`, for retries).
+    pub queue: String,
+    pub msg: Map<String, Value>,
+}
+
+impl Job {
+    pub fn parse(queue: &str, raw: String) -> Result<Job, PayloadError> {
+        match serde_json::from_str::<Value>(&raw)? {
+            Value::Object(msg) => Ok(Job {
+                raw,
+                queue: queue.to_string(),
+                msg,
+            }),
+            _ => Err(PayloadError::NotObject),
+        }
+    }
+
+    pub fn jid(&self) -> &str {
+        self.msg.get("jid").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// The `class` field as enqueued (the wrapper for ActiveJob).
+    pub fn class(&self) -> &str {
+        self.msg.get("class").and_then(Value::as_str).unwrap_or("")
+    }
+
+    pub fn args(&self) -> Vec<Value> {
+        match self.msg.get("args") {
+            Some(Value::Array(a)) => a.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn active_job(&self) -> Option<&Map<String, Value>> {
+        if !ACTIVE_JOB_WRAPPERS.contains(&self.class()) {
+            return None;
+        }
+        self.msg.get("args")?.as_array()?.first()?.as_object()
+    }
+
+    /// The class we dispatch on: `args[0].job_class` for ActiveJob wrappers, else `class`.
+    pub fn dispatch_class(&self) -> &str {
+        self.active_job()
+            .and_then(|aj| aj.get("job_class"))
+            .and_then(Value::as_str)
+            .unwrap_or_else(|| self.class())
+    }
+
+    /// The arguments a handler sees: ActiveJob's `arguments` array, else `args`.
+    pub fn dispatch_args(&self) -> Vec<Value> {
+        match self.active_job().and_then(|aj| aj.get("arguments")) {
+            Some(Value::Array(a)) => a.clone(),
+            _ => self.args(),
+        }
+    }
+
+    /// Name shown in logs, following the Web UI's display rule (display_class, wrapped, class).
+    pub fn display_class(&self) -> &str {
+        for k in ["display_class", "wrapped"] {
+            if let Some(s) = self.msg.get(k).and_then(Value::as_str) {
+                return s;
+            }
+        }
+        self.dispatch_class()
+    }
+
+    pub fn retry_count(&self) -> Option<i64> {
+        self.msg.get("retry_count").and_then(Value::as_i64)
+    }
+
+    /// Sidekiq 8 writes integer epoch milliseconds; <= 7 float seconds. We answer in the unit
+    /// the job's own `created_at` uses.
+    pub fn uses_millis(&self) -> bool {
+        uses_millis(&self.msg)
+    }
+}
+
+pub fn uses_millis(msg: &Map<String, Value>) -> bool {
+    matches!(msg.get("created_at"), Some(Value::Number(n)) if n.is_i64() || n.is_u64())
+}
+
+/// Float epoch seconds as Ruby's `Time.now.to_f` (shortest round-trip float).
+pub fn now_f64() -> f64 {
+    let now = chrono::Utc::now();
+    now.timestamp() as f64 + f64::from(now.timestamp_subsec_nanos()) / 1e9
+}
+
+/// "now" as a JSON number in the job's unit.
+pub fn now_value(millis: bool) -> Value {
+    if millis {
+        Value::Number(Number::from(chrono::Utc::now().timestamp_millis()))
+    } else {
+        float_value(now_f64())
+    }
+}
+
+pub fn float_value(f: f64) -> Value {
+    Number::from_f64(f)
+        .map(Value::Number)
+        .unwrap_or(Value::Null)
+}
+
+/// Serialize as Sidekiq's `JSON.generate` does: compact, raw UTF-8.
+pub fn dump(msg: &Map<String, Value>) -> String {
+    serde_json::to_string(msg).expect("a JSON map always serializes")
+}
+
+/// A fresh jid: 12 random bytes as 24 lowercase hex characters, as SecureRandom.hex(12).
+pub fn new_jid() -> String {
+    let bytes: [u8; 12] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_big_ints_floats_and_unknown_keys() {
+        let raw = r#"{"class":"A","args":[1180591620717411303424,1.5,1.0,"é"],"zz":{"k":[null]},"jid":"x","created_at":1796095478.8430314}"#;
+        let job = Job::parse("default", raw.to_string()).unwrap();
+        assert_eq!(dump(&job.msg), raw);
+        assert!(!job.uses_millis());
+    }
+
+    #[test]
+    fn active_job_dispatches_on_job_class() {
+        let raw = r#"{"class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"SendReportJob","args":[{"job_class":"SendReportJob","arguments":[7,"x"]}],"jid":"j"}"#;
+        let job = Job::parse("default", raw.to_string()).unwrap();
+        assert_eq!(job.dispatch_class(), "SendReportJob");
+        assert_eq!(job.dispatch_args(), vec![Value::from(7), Value::from("x")]);
+    }
+
+    #[test]
+    fn millis_detected_by_json_type() {
+        let job = Job::parse("q", r#"{"created_at":1796095478843}"#.into()).unwrap();
+        assert!(job.uses_millis());
+        assert!(now_value(true).is_i64());
+    }
+
+    #[test]
+    fn jid_is_24_hex() {
+        let j = new_jid();
+        assert_eq!(j.len(), 24);
+        assert!(j
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+    }
+}

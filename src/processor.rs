@@ -1,0 +1,160 @@
+//! Runs one fetched job to its end and writes the outcome: ack (LREM from the working list),
+//! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
+//! Outcome and ack go in one MULTI, so a crash never leaves a job both retried and fetchable.
+
+use crate::handler::{JobContext, Outcome};
+use crate::payload::Job;
+use crate::retry::{self, Decision, Failure};
+use crate::runtime::{Fetched, Runtime};
+use crate::work::WorkEntry;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// error_class for a class nobody registered: what Ruby raises when constantize fails.
+pub const UNKNOWN_CLASS_ERROR: &str = "NameError";
+
+pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
+    let job = match Job::parse(&f.queue, f.raw.clone()) {
+        Ok(j) => j,
+        Err(e) => {
+            return bury_garbage(rt, &f, &e.to_string())
+                .instrument(crate::logging::root().clone())
+                .await
+        }
+    };
+    let span = tracing::info_span!(parent: crate::logging::root(), "job",
+        jid = %job.jid(), class = %job.display_class(), queue = %f.queue);
+    run_job(rt, f, job).instrument(span).await
+}
+
+async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
+    let started = Instant::now();
+    let class = job.dispatch_class().to_string();
+    let shown = job.display_class().to_string();
+    let payload: Arc<str> = Arc::from(f.raw.as_str());
+    let slot = Arc::new(rt.work.begin(WorkEntry {
+        queue: f.queue.clone(),
+        payload: payload.clone(),
+        run_at: chrono::Utc::now().timestamp(),
+        jid: job.jid().to_string(),
+        class: shown.clone(),
+        phase: None,
+        started,
+    }));
+    tracing::info!("start");
+
+    let outcome = match rt.registry.get(&class) {
+        None => Outcome::Failed(Failure::new(
+            UNKNOWN_CLASS_ERROR,
+            format!("uninitialized constant {class}"),
+        )),
+        Some(h) => {
+            let ctx = JobContext {
+                jid: job.jid().to_string(),
+                class: class.clone(),
+                queue: f.queue.clone(),
+                args: job.dispatch_args(),
+                retry_count: job.retry_count(),
+                payload,
+                shutdown: rt.shutdown.clone(),
+                redis: rt.conn.clone(),
+                slot: Some(slot.clone()),
+            };
+            // Run the handler on its own task so a panic is contained, and abandon a Rust
+            // handler at the hard deadline (command and phased jobs stop their own children
+            // first and report Requeue themselves).
+            let mut task = tokio::spawn(h.perform(ctx).in_current_span());
+            tokio::select! {
+                r = &mut task => match r {
+                    Ok(o) => o,
+                    Err(e) if e.is_panic() => Outcome::Failed(Failure::new("Playguard::Panic", panic_message(e))),
+                    Err(_) => Outcome::Requeue,
+                },
+                _ = rt.shutdown.hard_deadline() => {
+                    // Give command/phased jobs a moment to kill their process groups.
+                    match tokio::time::timeout(crate::command::KILL_GRACE * 2, &mut task).await {
+                        Ok(Ok(o)) => o,
+                        _ => { task.abort(); Outcome::Requeue }
+                    }
+                }
+            }
+        }
+    };
+    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    rt.metrics
+        .job_finished(&shown, &f.queue, &outcome, ms / 1000.0);
+    match outcome {
+        Outcome::Done => {
+            rt.work.count(false);
+            tracing::info!(elapsed_ms = format!("{ms:.1}"), "done");
+            let mut pipe = redis::pipe();
+            rt.add_ack(&mut pipe, &f);
+            write(rt, pipe, &f).await;
+        }
+        Outcome::Failed(failure) => {
+            rt.work.count(true);
+            let decision = retry::decide(&job, &failure);
+            let fate = match &decision {
+                Decision::Retry { .. } => "retry scheduled",
+                Decision::Dead { .. } => "retries exhausted: moved to dead",
+                Decision::Discard => "discarded (retry: false or dead: false)",
+            };
+            rt.metrics.job_fate(&shown, &f.queue, &decision);
+            tracing::warn!(elapsed_ms = format!("{ms:.1}"), error_class = %failure.class,
+                error = %failure.message, "fail: {fate}");
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            retry::add_to_pipeline(&mut pipe, &decision);
+            rt.add_ack(&mut pipe, &f);
+            write(rt, pipe, &f).await;
+        }
+        Outcome::Requeue => {
+            // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
+            rt.work.count(true);
+            tracing::info!(
+                elapsed_ms = format!("{ms:.1}"),
+                "interrupted by shutdown: requeued"
+            );
+            rt.requeue_logged(&f).await;
+        }
+    }
+    drop(slot);
+}
+
+/// Write an outcome; a Redis error here is logged, and with reliable fetch the job stays in
+/// the working list, so the orphan sweep runs it again rather than losing it.
+async fn write(rt: &Runtime, pipe: redis::Pipeline, f: &Fetched) {
+    if pipe.cmd_iter().next().is_none() {
+        return;
+    }
+    let mut conn = rt.conn.clone();
+    if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+        tracing::error!(error = %e, queue = %f.queue,
+            "could not record the job's outcome in Redis{}",
+            if rt.reliable() { "; it stays in the working list and will run again" } else { "" });
+    }
+}
+
+/// A payload that is not a JSON object goes to `dead` as the raw string, as processor.rb does.
+async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str) {
+    tracing::error!(queue = %f.queue, error = why, payload = %f.raw,
+        "invalid job payload: moved to the dead set as is");
+    rt.metrics.garbage(&f.queue);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    retry::add_dead(&mut pipe, &f.raw);
+    rt.add_ack(&mut pipe, f);
+    write(rt, pipe, f).await;
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    let p = e.into_panic();
+    if let Some(s) = p.downcast_ref::<&str>() {
+        format!("panic: {s}")
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        format!("panic: {s}")
+    } else {
+        "panic".to_string()
+    }
+}

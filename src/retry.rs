@@ -1,0 +1,267 @@
+//! Failure handling as Sidekiq's `job_retry.rb` does it: rebuild the job from the popped string,
+//! add the error fields, then schedule a retry (`retry` zset), kill it (`dead` zset, trimmed to
+//! 10,000 entries / 180 days) or drop it. Writes are added to a caller's atomic pipeline so the
+//! outcome and the ack land together.
+
+use crate::payload::{dump, float_value, now_f64, now_value, uses_millis, Job};
+use base64::Engine;
+use serde_json::{Map, Value};
+use std::io::Write;
+
+/// Sidekiq's default maximum when `retry` is `true`.
+pub const DEFAULT_MAX_RETRIES: i64 = 25;
+/// `dead_max_jobs` and `dead_timeout_in_seconds` defaults (api.rb DeadSet).
+pub const DEAD_MAX_JOBS: isize = 10_000;
+pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 60.0 * 60.0;
+/// error_message is cut to this many characters (job_retry.rb).
+const MAX_MESSAGE_CHARS: usize = 10_000;
+
+/// What went wrong, in the shape Sidekiq records it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub class: String,
+    pub message: String,
+    /// Lines offered as a backtrace; stored only when the payload asks (`backtrace`).
+    pub backtrace: Vec<String>,
+}
+
+impl Failure {
+    pub fn new(class: impl Into<String>, message: impl Into<String>) -> Failure {
+        Failure {
+            class: class.into(),
+            message: message.into(),
+            backtrace: Vec::new(),
+        }
+    }
+}
+
+/// What to do with a failed job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// ZADD retry <at> <payload>
+    Retry { payload: String, at: f64 },
+    /// ZADD dead <now> <payload>, then trim.
+    Dead { payload: String },
+    /// `retry: false`, or exhausted with `dead: false`: nothing is kept.
+    Discard,
+}
+
+/// The retry limit a payload asks for; None = `retry: false` (no retry, no dead).
+pub fn max_retries(msg: &Map<String, Value>) -> Option<i64> {
+    match msg.get("retry") {
+        Some(Value::Bool(false)) => None,
+        Some(Value::Number(n)) if n.is_i64() => Some(n.as_i64().unwrap_or(0)),
+        // true, missing or anything else counts as true (job_retry.rb).
+        _ => Some(DEFAULT_MAX_RETRIES),
+    }
+}
+
+/// Sidekiq's backoff: count**4 + 15 + rand(10) * (count + 1) seconds.
+pub fn delay_secs(count: i64) -> f64 {
+    let jitter: i64 = rand::random_range(0..10);
+    (count.pow(4) + 15 + jitter * (count + 1)) as f64
+}
+
+/// Apply Sidekiq's failure bookkeeping to the job and decide its fate.
+pub fn decide(job: &Job, failure: &Failure) -> Decision {
+    let Some(max) = max_retries(&job.msg) else {
+        return Decision::Discard;
+    };
+    // Start from the original popped payload, never from a modified copy.
+    let mut msg = job.msg.clone();
+    let millis = uses_millis(&msg);
+    let queue = match msg.get("retry_queue").and_then(Value::as_str) {
+        Some(q) => q.to_string(),
+        None => job.queue.clone(),
+    };
+    msg.insert("queue".into(), Value::from(queue));
+    msg.insert(
+        "error_message".into(),
+        Value::from(
+            failure
+                .message
+                .chars()
+                .take(MAX_MESSAGE_CHARS)
+                .collect::<String>(),
+        ),
+    );
+    msg.insert("error_class".into(), Value::from(failure.class.clone()));
+    let count = match msg.get("retry_count").and_then(Value::as_i64) {
+        Some(prev) if msg.contains_key("retry_count") => {
+            msg.insert("retried_at".into(), now_value(millis));
+            prev + 1
+        }
+        _ => {
+            msg.insert("failed_at".into(), now_value(millis));
+            0
+        }
+    };
+    msg.insert("retry_count".into(), Value::from(count));
+    if let Some(lines) = backtrace_lines(&msg, &failure.backtrace) {
+        msg.insert(
+            "error_backtrace".into(),
+            Value::from(compress_backtrace(&lines)),
+        );
+    }
+    if count < max {
+        Decision::Retry {
+            at: now_f64() + delay_secs(count),
+            payload: dump(&msg),
+        }
+    } else if msg.get("dead") == Some(&Value::Bool(false)) {
+        Decision::Discard
+    } else {
+        Decision::Dead {
+            payload: dump(&msg),
+        }
+    }
+}
+
+/// `backtrace: true` keeps all lines, `backtrace: N` the first N; otherwise none.
+fn backtrace_lines(msg: &Map<String, Value>, lines: &[String]) -> Option<Vec<String>> {
+    match msg.get("backtrace") {
+        Some(Value::Bool(true)) => Some(lines.to_vec()),
+        Some(Value::Number(n)) => {
+            let n = n.as_u64().unwrap_or(0) as usize;
+            (n > 0).then(|| lines.iter().take(n).cloned().collect())
+        }
+        _ => None,
+    }
+}
+
+/// JSON array -> zlib (RFC 1950) -> strict base64, the one form every Sidekiq reader accepts.
+pub fn compress_backtrace(lines: &[String]) -> String {
+    let json = serde_json::to_vec(lines).expect("strings serialize");
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(&json).expect("in-memory write");
+    base64::engine::general_purpose::STANDARD.encode(z.finish().expect("in-memory finish"))
+}
+
+/// Add the writes for a decision to an atomic pipeline.
+pub fn add_to_pipeline(pipe: &mut redis::Pipeline, decision: &Decision) {
+    match decision {
+        Decision::Retry { payload, at } => {
+            pipe.zadd("retry", payload, float_value(*at).to_string())
+                .ignore();
+        }
+        Decision::Dead { payload } => add_dead(pipe, payload),
+        Decision::Discard => {}
+    }
+}
+
+/// ZADD dead now payload, then trim by age and size, as api.rb's DeadSet#kill.
+pub fn add_dead(pipe: &mut redis::Pipeline, payload: &str) {
+    let now = now_f64();
+    pipe.zadd("dead", payload, float_value(now).to_string())
+        .ignore()
+        .cmd("ZREMRANGEBYSCORE")
+        .arg("dead")
+        .arg("-inf")
+        .arg(float_value(now - DEAD_TIMEOUT_SECS).to_string())
+        .ignore()
+        .cmd("ZREMRANGEBYRANK")
+        .arg("dead")
+        .arg(0)
+        .arg(-(DEAD_MAX_JOBS + 1))
+        .ignore();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(raw: &str) -> Job {
+        Job::parse("low", raw.to_string()).unwrap()
+    }
+
+    fn parsed(d: &Decision) -> Map<String, Value> {
+        match d {
+            Decision::Retry { payload, .. } | Decision::Dead { payload } => {
+                serde_json::from_str(payload).unwrap()
+            }
+            Decision::Discard => panic!("discarded"),
+        }
+    }
+
+    #[test]
+    fn first_failure_sets_failed_at_and_count_zero() {
+        let j = job(
+            r#"{"class":"X","args":[],"jid":"a","retry":true,"custom":{"k":1},"created_at":1.5}"#,
+        );
+        let d = decide(&j, &Failure::new("RuntimeError", "boom"));
+        let m = parsed(&d);
+        assert_eq!(m["retry_count"], 0);
+        assert!(m.contains_key("failed_at") && !m.contains_key("retried_at"));
+        assert_eq!(m["queue"], "low");
+        assert_eq!(m["custom"]["k"], 1);
+        assert!(matches!(d, Decision::Retry { .. }));
+    }
+
+    #[test]
+    fn later_failure_sets_retried_at() {
+        let j =
+            job(r#"{"class":"X","retry":2,"retry_count":0,"failed_at":1.0,"retry_queue":"slow"}"#);
+        let m = parsed(&decide(&j, &Failure::new("E", "m")));
+        assert_eq!(m["retry_count"], 1);
+        assert_eq!(m["failed_at"].to_string(), "1.0");
+        assert_eq!(m["queue"], "slow");
+        assert!(m.contains_key("retried_at"));
+    }
+
+    #[test]
+    fn exhaustion_and_flags() {
+        assert!(matches!(
+            decide(&job(r#"{"retry":0}"#), &Failure::new("E", "m")),
+            Decision::Dead { .. }
+        ));
+        assert_eq!(
+            decide(&job(r#"{"retry":false}"#), &Failure::new("E", "m")),
+            Decision::Discard
+        );
+        assert_eq!(
+            decide(&job(r#"{"retry":0,"dead":false}"#), &Failure::new("E", "m")),
+            Decision::Discard
+        );
+        let d = decide(
+            &job(r#"{"retry":1,"retry_count":0}"#),
+            &Failure::new("E", "m"),
+        );
+        assert!(matches!(d, Decision::Dead { .. }));
+    }
+
+    #[test]
+    fn millis_jobs_get_millis_timestamps() {
+        let m = parsed(&decide(
+            &job(r#"{"created_at":1796095478843}"#),
+            &Failure::new("E", "m"),
+        ));
+        assert!(m["failed_at"].is_i64());
+    }
+
+    #[test]
+    fn backtrace_is_zlib_strict_base64() {
+        let j = job(r#"{"backtrace":1}"#);
+        let mut f = Failure::new("E", "m");
+        f.backtrace = vec!["a".into(), "b".into()];
+        let m = parsed(&decide(&j, &f));
+        let b64 = m["error_backtrace"].as_str().unwrap();
+        assert!(!b64.contains('\n'));
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        assert_eq!(&bytes[..2], &[0x78, 0x9c]);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::ZlibDecoder::new(&bytes[..]), &mut out)
+            .unwrap();
+        assert_eq!(out, r#"["a"]"#);
+    }
+
+    #[test]
+    fn backoff_formula() {
+        for c in 0..5 {
+            let d = delay_secs(c);
+            let base = (c.pow(4) + 15) as f64;
+            assert!(d >= base && d <= base + 9.0 * (c + 1) as f64);
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The scheduled poller, as Sidekiq's scheduled.rb: due members of `retry`, then `schedule`,
+//! are pushed onto `queue:<q>` (with `SADD queues` and a fresh `enqueued_at`) by one Lua script
+//! that removes and pushes in the same step, so no crash can lose a job in between.
+//! Interval: Sidekiq's random_poll_interval around `poll_interval_average` times the number
+//! of processes, so a fleet polls on average once per `poll_interval_average`.
+
+use crate::payload::{dump, now_f64, now_value, uses_millis};
+use crate::runtime::Runtime;
+use serde_json::Value;
+use std::time::Duration;
+
+static PUSH: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/schedule_push.lua")));
+
+/// How many due members one script call moves.
+const BATCH: isize = 100;
+
+/// Rewrite a due member as the job to push: new `enqueued_at` in the job's own unit.
+/// None = not a JSON object (it goes to `dead` as is).
+pub fn prepare(member: &str) -> Option<(String, String)> {
+    let Ok(Value::Object(mut msg)) = serde_json::from_str::<Value>(member) else {
+        return None;
+    };
+    let queue = msg
+        .get("queue")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+        .to_string();
+    msg.insert("enqueued_at".into(), now_value(uses_millis(&msg)));
+    Some((dump(&msg), queue))
+}
+
+/// Move every due member of `set`; returns how many moved.
+pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
+    let mut conn = rt.conn.clone();
+    let mut total = 0;
+    loop {
+        let now = now_f64();
+        let due: Vec<String> = redis::cmd("ZRANGE")
+            .arg(set)
+            .arg("-inf")
+            .arg(now.to_string())
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(BATCH)
+            .query_async(&mut conn)
+            .await?;
+        if due.is_empty() {
+            return Ok(total);
+        }
+        let mut inv = PUSH.key(set);
+        for member in &due {
+            match prepare(member) {
+                Some((payload, queue)) => inv.arg(member).arg(payload).arg(queue),
+                None => {
+                    tracing::error!(set, payload = %member, "unreadable job in {set}: moved to dead as is");
+                    inv.arg(member).arg("").arg("")
+                }
+            };
+        }
+        inv.arg(now.to_string());
+        let moved: usize = inv.invoke_async(&mut conn).await?;
+        total += moved;
+        if (due.len() as isize) < BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// Sidekiq's random_poll_interval: `avg * rand + avg / 2` with avg = processes x average.
+async fn interval(rt: &Runtime) -> Duration {
+    let mut conn = rt.conn.clone();
+    let count: i64 = redis::cmd("SCARD")
+        .arg("processes")
+        .query_async(&mut conn)
+        .await
+        .unwrap_or(1);
+    let avg = rt.config.poll_interval_average * count.max(1) as f64;
+    Duration::from_secs_f64(avg * rand::random::<f64>() + avg / 2.0)
+}
+
+/// Poll until quiet (Sidekiq stops its poller at quiet too).
+pub async fn run(rt: std::sync::Arc<Runtime>) {
+    loop {
+        for set in ["retry", "schedule"] {
+            match enqueue_due(&rt, set).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(set, count = n, "enqueued due jobs"),
+                Err(e) => tracing::warn!(set, error = %e, "scheduled poller: Redis error"),
+            }
+        }
+        let wait = interval(&rt).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = rt.shutdown.quieted() => return,
+        }
+    }
+}

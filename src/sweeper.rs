@@ -1,0 +1,153 @@
+//! Orphan recovery for reliable fetch. Processes register their queues in
+//! `playguard:fetchers` and keep `playguard:alive:<identity>` fresh; a process whose alive key
+//! has lapsed (or, on this host, whose pid is gone) is dead, and its
+//! `playguard:working:<identity>:<q>` lists go back to the heads of `queue:<q>`. One sweep at
+//! a time across the fleet (`playguard:sweep` lease); a process never sweeps its own lists.
+//! A payload recovered `MAX_RECOVERIES` times is a poison pill: it goes to `dead` with the reason
+//! (through `playguard:poison`, so the dead entry is built from the exact string in Rust).
+
+use crate::heartbeat::{alive_key, hostname, FETCHERS_KEY};
+use crate::payload::{dump, now_value, uses_millis};
+use crate::runtime::{working_key, Runtime};
+use serde_json::Value;
+use std::time::Duration;
+
+/// The third time a job is found orphaned it is not run again.
+pub const MAX_RECOVERIES: u32 = 3;
+pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+pub const POISON_KEY: &str = "playguard:poison";
+pub const RECOVERED_KEY: &str = "playguard:recovered";
+pub const POISON_ERROR: &str = "Playguard::PoisonPill";
+
+static RECOVER: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/recover.lua")));
+static DRAIN: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/drain.lua")));
+
+/// Whether a process on this host with that pid is certainly gone.
+fn local_pid_gone(identity: &str) -> bool {
+    let mut parts = identity.rsplitn(3, ':');
+    let (_nonce, pid, host) = (parts.next(), parts.next(), parts.next());
+    let Some(pid) = pid.and_then(|p| p.parse::<i32>().ok()) else {
+        return false;
+    };
+    if host != Some(hostname().as_str()) || pid as u32 == std::process::id() {
+        return false;
+    }
+    matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// One sweep (if this process wins the lease). Returns how many jobs were recovered.
+pub async fn sweep(rt: &Runtime) -> redis::RedisResult<i64> {
+    let mut conn = rt.conn.clone();
+    let won: bool = redis::cmd("SET")
+        .arg("playguard:sweep")
+        .arg(&rt.identity)
+        .arg("NX")
+        .arg("PX")
+        .arg((SWEEP_EVERY.as_millis() as u64).saturating_sub(500))
+        .query_async::<Option<String>>(&mut conn)
+        .await?
+        .is_some();
+    if !won {
+        return Ok(0);
+    }
+    let fetchers: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(FETCHERS_KEY)
+        .query_async(&mut conn)
+        .await?;
+    let mut total = 0;
+    for (identity, queues) in fetchers {
+        if identity == rt.identity {
+            continue;
+        }
+        let queues: Vec<String> = serde_json::from_str(&queues).unwrap_or_default();
+        let force = local_pid_gone(&identity);
+        let mut inv = RECOVER.key(FETCHERS_KEY);
+        inv.key(alive_key(&identity))
+            .key(RECOVERED_KEY)
+            .key(POISON_KEY)
+            .arg(&identity)
+            .arg(MAX_RECOVERIES)
+            .arg(if force { "1" } else { "0" });
+        for q in &queues {
+            inv.arg(q);
+        }
+        let n: i64 = inv.invoke_async(&mut conn).await?;
+        if n > 0 {
+            tracing::warn!(dead_process = %identity, jobs = n,
+                "recovered jobs of a worker that died without a clean stop");
+            total += n;
+        }
+    }
+    bury_poison(rt).await?;
+    Ok(total)
+}
+
+/// Turn poison pills into dead-set entries carrying the reason.
+async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
+    let mut conn = rt.conn.clone();
+    let pills: Vec<String> = redis::cmd("LRANGE")
+        .arg(POISON_KEY)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await?;
+    for raw in pills {
+        let payload = match serde_json::from_str::<Value>(&raw) {
+            Ok(Value::Object(mut msg)) => {
+                let millis = uses_millis(&msg);
+                msg.insert("error_class".into(), Value::from(POISON_ERROR));
+                msg.insert(
+                    "error_message".into(),
+                    Value::from(format!(
+                        "recovered {MAX_RECOVERIES} times from workers that died while running it \
+                         (killed, OOM or lost host); not run again"
+                    )),
+                );
+                if msg.get("retry_count").and_then(Value::as_i64).unwrap_or(0) > 0 {
+                    msg.insert("retried_at".into(), now_value(millis));
+                } else {
+                    msg.insert("failed_at".into(), now_value(millis));
+                    msg.insert("retry_count".into(), Value::from(0));
+                }
+                dump(&msg)
+            }
+            _ => raw.clone(),
+        };
+        tracing::error!(payload = %raw, "poison pill: moved to the dead set");
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        crate::retry::add_dead(&mut pipe, &payload);
+        pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw).ignore();
+        pipe.query_async::<()>(&mut conn).await?;
+    }
+    Ok(())
+}
+
+/// At a clean stop: anything still in our own working lists goes back to its queue head.
+pub async fn drain_own(rt: &Runtime) -> redis::RedisResult<i64> {
+    let mut inv = DRAIN.prepare_invoke();
+    for q in rt.config.queues.names() {
+        inv.key(working_key(&rt.identity, &q))
+            .key(format!("queue:{q}"));
+    }
+    let mut conn = rt.conn.clone();
+    inv.invoke_async(&mut conn).await
+}
+
+/// Sweep now and every SWEEP_EVERY until stopping.
+pub async fn run(rt: std::sync::Arc<Runtime>) {
+    loop {
+        if let Err(e) = sweep(&rt).await {
+            tracing::warn!(error = %e, "orphan sweep: Redis error");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(SWEEP_EVERY) => {}
+            _ = rt.shutdown.stopped() => return,
+        }
+    }
+}
