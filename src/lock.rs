@@ -168,6 +168,10 @@ fn unexpected(what: &'static str, reply: &Value) -> RedisError {
 /// Try once to take `key` for `ttl`. `Ok(None)` means another holder has it; the caller
 /// should skip this cycle rather than wait. The lease's local deadline is counted from
 /// before the request was sent, so network and queueing time shorten it, never lengthen it.
+///
+/// An `Err` (say a response timeout) does not prove the lock was not taken: the script may
+/// still run on the server, leaving a key nobody holds the token for. It expires after `ttl`;
+/// treat the error like "locked" and skip the cycle.
 pub async fn acquire(
     conn: &MultiplexedConnection,
     key: &str,

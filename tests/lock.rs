@@ -1,6 +1,6 @@
 //! Token lock scenarios against a private redis-server. Redis keys: `lock:*` and
-//! `lock:*:fence` (the locks under test), `channel:7`, `seatmap:12` (fenced rows),
-//! `once:*` (dispatch fingerprints).
+//! `lock:*:fence` (the locks under test), `channel:7`, `seatmap:12`, `export:7` (fenced rows),
+//! `export:7:sent` (a send counter), `once:*` (dispatch fingerprints).
 //!
 //! Seed 004's timelines are scaled from 30 s leases to 300 ms: a "freeze" is a sleep past the
 //! lease, the only kind of bare sleep used here.
@@ -437,4 +437,81 @@ async fn zero_ttl_is_an_error() {
     assert!(acquire(&c, "lock:zero", Duration::ZERO).await.is_err());
     assert!(once(&c, "once:zero", Duration::ZERO).await.is_err());
     assert!(!exists(&c, "lock:zero").await);
+}
+
+/// Seed 004, channel export: W1 takes the lock (33) and freezes just before sending; W2 is
+/// refused, retries, and gets the lock (34) once W1's lease ends. W2 claims the row with its
+/// fence and sends. When W1 wakes, its local deadline has passed and a renew fails, so it
+/// does not send; its fenced "done" write would be refused anyway. One export, not two.
+#[tokio::test]
+async fn frozen_exporter_checks_its_lease_before_the_side_effect() {
+    let redis = RedisServer::start();
+    let (c1, c2) = (connect(&redis).await, connect(&redis).await);
+    let key = "lock:export-7";
+    let row = "export:7";
+    redis::cmd("SET")
+        .arg("lock:export-7:fence")
+        .arg(32)
+        .query_async::<()>(&mut c1.clone())
+        .await
+        .unwrap();
+    redis::cmd("HSET")
+        .arg(row)
+        .arg("fence")
+        .arg(32)
+        .arg("value")
+        .arg("pending")
+        .query_async::<()>(&mut c1.clone())
+        .await
+        .unwrap();
+
+    // Sending is the side effect to guard: it checks the lease, renews, then counts a send.
+    async fn send_if_still_owner(
+        c: &MultiplexedConnection,
+        lease: &mut playguard::lock::Lease,
+    ) -> bool {
+        if lease.remaining().is_zero() || lease.renew().await.is_err() {
+            return false;
+        }
+        redis::cmd("INCR")
+            .arg("export:7:sent")
+            .query_async::<()>(&mut c.clone())
+            .await
+            .unwrap();
+        true
+    }
+
+    let mut w1 = acquire(&c1, key, TTL).await.unwrap().expect("W1 takes it");
+    assert_eq!(w1.fence(), 33);
+    assert_eq!(hget(&c1, row, "value").await.as_deref(), Some("pending"));
+
+    // W2 starts while W1 holds the lock: refused, so it retries until W1's lease runs out.
+    assert!(acquire(&c2, key, TTL).await.unwrap().is_none());
+    let give_up = tokio::time::Instant::now() + PATIENCE;
+    let mut w2 = loop {
+        if let Some(lease) = acquire(&c2, key, TTL).await.unwrap() {
+            break lease;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "W2 never got the lock after W1's lease ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(w2.fence(), 34);
+    assert!(fenced_set(&c2, row, w2.fence(), "sending").await.unwrap());
+    assert!(send_if_still_owner(&c2, &mut w2).await);
+    assert!(fenced_set(&c2, row, w2.fence(), "done").await.unwrap());
+
+    // W1 wakes from its freeze.
+    assert!(!send_if_still_owner(&c1, &mut w1).await, "W1 must not send");
+    assert!(!fenced_set(&c1, row, w1.fence(), "done").await.unwrap());
+    let sent: i64 = redis::cmd("GET")
+        .arg("export:7:sent")
+        .query_async(&mut c1.clone())
+        .await
+        .unwrap();
+    assert_eq!(sent, 1);
+    assert!(!w1.release().await.unwrap());
+    assert!(w2.release().await.unwrap());
 }
