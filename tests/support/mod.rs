@@ -78,10 +78,7 @@ impl RedisServer {
     }
 
     pub fn conn(&self) -> redis::Connection {
-        let c = self
-            .client()
-            .get_connection()
-            .expect("connect to test redis");
+        let c = self.client().get_connection().expect("connect to test redis");
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         c
     }
@@ -207,11 +204,7 @@ impl Worker {
     }
 
     pub fn saw(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
+        self.lines.lock().unwrap().iter().any(|l| l.contains(needle))
     }
 
     pub fn wait_for_line(&self, needle: &str, timeout: Duration) {
