@@ -1,1 +1,372 @@
-//! Token lock with fencing (placeholder; filled by the lock work).
+//! Token lock with fencing numbers, for jobs that must never run twice at once (one Marquee,
+//! one reconciler). Redis keys: `<key>` (the lock; its value is the holder's UUIDv4 token),
+//! `<key>:fence` (an INCR counter, one number per acquisition), the `<key>` passed to
+//! [`once`] (a plain `1` with a TTL), and the hash `<key>` passed to [`fenced_set`]
+//! (`{fence, value}`).
+//!
+//! # Why a token and a fence
+//!
+//! A plain `SET key 1 NX PX` plus `DEL key` breaks as soon as a holder stalls past its lease:
+//! the key expires, a second worker takes it, and the first one wakes up and deletes the
+//! second one's lock, letting a third worker in while the second is still busy (seed 004's
+//! hourly-digest timeline). Storing a random token per acquisition makes every renewal and
+//! release a compare-and-act ([`Lease::renew`] is compare-and-PEXPIRE, [`Lease::release`]
+//! is compare-and-DEL), each one Lua script, so the comparison and the action cannot be split
+//! by another client.
+//!
+//! The token alone cannot stop a stalled holder's *writes* that are already on the wire when
+//! its lease ends. That is what the fence is for: each acquisition takes the next number from
+//! `<key>:fence`, in the same script as the `SET NX`, and every write the holder makes to the
+//! outside world carries it. The store refuses a write whose number is older than one it has
+//! already accepted (seed 004's retention and seat-map timelines: the paused W1 holds 33, W2
+//! holds 34, and W1's late write must lose, even after an admin reset the row's status, which
+//! a status check alone would have let through).
+//!
+//! # Fencing recipes
+//!
+//! SQL: keep a `fence` column on the guarded row and make every write conditional on it:
+//!
+//! ```sql
+//! UPDATE seatmaps SET status = 'ready', snapshot = $1, fence = $2
+//!  WHERE id = $3 AND fence <= $2;
+//! -- rows affected = 0  =>  a newer holder already wrote: stop, do not retry.
+//! ```
+//!
+//! `<=` rather than `<` lets one holder write the same row more than once. Always check the
+//! rows-affected count; a refused write is the signal that this holder is stale.
+//!
+//! Redis: keep the fence next to the value and compare inside Lua, which is what
+//! [`fenced_set`] does with `lua/fenced_set.lua` (no WATCH/MULTI needed):
+//!
+//! ```lua
+//! local stored = redis.call('HGET', KEYS[1], 'fence')
+//! if stored == false or tonumber(stored) <= tonumber(ARGV[1]) then
+//!   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
+//!   return 1
+//! end
+//! return 0
+//! ```
+//!
+//! # Limits
+//!
+//! - One Redis, no Redlock quorum (design.md). The fence counter lives in that Redis: if Redis
+//!   loses its data (restart without persistence, failover to a lagging replica) the counter
+//!   restarts and new fences can be *lower* than ones already written downstream. Run Redis
+//!   with persistence, or seed `<key>:fence` above the largest fence the store has seen.
+//! - `<key>` and `<key>:fence` are two keys; on Redis Cluster they must share a hash tag
+//!   (`lock:{marquee-7}`), or the acquire script is rejected with CROSSSLOT.
+//! - Leases are whole milliseconds; a sub-millisecond part of the TTL is dropped.
+
+use redis::aio::MultiplexedConnection;
+use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
+use std::sync::LazyLock;
+use std::time::Duration;
+use tokio::time::Instant;
+
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/lock_acquire.lua")));
+static RENEW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/lock_renew.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/lock_release.lua")));
+static FENCED_SET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/fenced_set.lua")));
+
+/// The smallest safety margin: covers scheduling delay between checking [`Lease::remaining`]
+/// and acting on it, plus clock-rate differences between this host and Redis.
+pub const MIN_SAFETY_MARGIN: Duration = Duration::from_millis(50);
+
+/// How much earlier than Redis we consider a lease over: `max(ttl / 10, 50 ms)`, and when
+/// that would not be shorter than `ttl` (a TTL of 50 ms or less), `ttl / 2`. The local
+/// deadline is `start of the last successful acquire/renew request + ttl - margin`.
+pub const fn safety_margin(ttl: Duration) -> Duration {
+    let ttl_ns = ttl.as_nanos();
+    let tenth = ttl_ns / 10;
+    let floor = MIN_SAFETY_MARGIN.as_nanos();
+    let mut margin = if tenth > floor { tenth } else { floor };
+    if margin >= ttl_ns {
+        margin = ttl_ns / 2;
+    }
+    if margin > u64::MAX as u128 {
+        margin = u64::MAX as u128;
+    }
+    Duration::from_nanos(margin as u64)
+}
+
+/// Why a renewal could not confirm ownership. Every variant means the same thing to the
+/// caller: stop the protected work now, then [`Lease::release`] (which is safe to call).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockLost {
+    /// The key holds another acquisition's token: our lease ran out and someone took it.
+    #[error("lock lost: the key now holds another owner's token")]
+    NotOwner,
+    /// The key is gone (expired, deleted, or Redis restarted without it). Not recreated.
+    #[error("lock lost: the key no longer exists (expired, deleted, or Redis lost it)")]
+    Missing,
+    /// Redis could not be asked (timeout, connection refused or dropped, script error).
+    /// We cannot prove we still own the lock, so we act as if we do not.
+    #[error("lock lost: could not confirm ownership with Redis: {0}")]
+    Redis(String),
+    /// Redis answered something the renew script never returns. Treated as lost rather
+    /// than guessed at (redsync#38/#61 read a mismatched reply type as success).
+    #[error("lock lost: unexpected reply from the renew script: {0}")]
+    UnexpectedReply(String),
+}
+
+/// An acquired lock. Holds a clone of the connection it was acquired on, so renew and
+/// release need no arguments. Dropping a `Lease` does not release it (that would need an
+/// async call in `Drop`); the key then expires after at most `ttl`.
+pub struct Lease {
+    /// The lock key; `<key>:fence` is its counter.
+    key: String,
+    /// UUIDv4 written as the key's value; proof of ownership for renew and release.
+    token: String,
+    /// The number INCR gave this acquisition; attach it to every guarded write.
+    fence: i64,
+    /// Lease length sent to Redis (whole milliseconds).
+    ttl: Duration,
+    /// When we stop trusting the lease locally: request start + ttl - safety margin.
+    /// Moved forward by each successful renew; pulled to "now" by a failed one.
+    deadline: Instant,
+    conn: MultiplexedConnection,
+}
+
+impl std::fmt::Debug for Lease {
+    // The token is left out on purpose: it is the only proof of ownership, and Debug output
+    // ends up in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key)
+            .field("fence", &self.fence)
+            .field("ttl", &self.ttl)
+            .field("remaining", &self.remaining())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The TTL as whole milliseconds for PX/PEXPIRE; at least 1 ms.
+fn ttl_millis(ttl: Duration) -> RedisResult<u64> {
+    let ms = ttl.as_millis();
+    if ms == 0 {
+        return Err(RedisError::from((
+            ErrorKind::InvalidClientConfig,
+            "lock ttl must be at least 1 ms",
+        )));
+    }
+    u64::try_from(ms)
+        .map_err(|_| RedisError::from((ErrorKind::InvalidClientConfig, "lock ttl too large")))
+}
+
+fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(safety_margin(ttl))
+}
+
+fn unexpected(what: &'static str, reply: &Value) -> RedisError {
+    RedisError::from((ErrorKind::UnexpectedReturnType, what, format!("{reply:?}")))
+}
+
+/// Try once to take `key` for `ttl`. `Ok(None)` means another holder has it; the caller
+/// should skip this cycle rather than wait. The lease's local deadline is counted from
+/// before the request was sent, so network and queueing time shorten it, never lengthen it.
+///
+/// An `Err` (say a response timeout) does not prove the lock was not taken: the script may
+/// still run on the server, leaving a key nobody holds the token for. It expires after `ttl`;
+/// treat the error like "locked" and skip the cycle.
+pub async fn acquire(
+    conn: &MultiplexedConnection,
+    key: &str,
+    ttl: Duration,
+) -> RedisResult<Option<Lease>> {
+    let ttl_ms = ttl_millis(ttl)?;
+    let ttl = Duration::from_millis(ttl_ms);
+    let token = uuid::Uuid::new_v4().to_string();
+    let mut c = conn.clone();
+    let sent_at = Instant::now();
+    let reply: Value = ACQUIRE
+        .key(key)
+        .key(format!("{key}:fence"))
+        .arg(&token)
+        .arg(ttl_ms)
+        .invoke_async(&mut c)
+        .await?;
+    match &reply {
+        // Lua `false` is nil under RESP2 and a boolean under RESP3.
+        Value::Nil | Value::Boolean(false) => Ok(None),
+        Value::Array(items) => match items.as_slice() {
+            [Value::BulkString(echo), Value::Int(fence)] if echo.as_slice() == token.as_bytes() => {
+                Ok(Some(Lease {
+                    key: key.to_owned(),
+                    token,
+                    fence: *fence,
+                    ttl,
+                    deadline: local_deadline(sent_at, ttl),
+                    conn: c,
+                }))
+            }
+            _ => Err(unexpected("unexpected lock_acquire reply", &reply)),
+        },
+        _ => Err(unexpected("unexpected lock_acquire reply", &reply)),
+    }
+}
+
+impl Lease {
+    /// Extend the lease to a full `ttl` from now, only if the key still holds our token.
+    ///
+    /// A late call (after [`Lease::remaining`] reached zero) is still sent: Redis, not our
+    /// clock, decides whether the key is ours, and if it is, renewing is correct. The caller
+    /// must not have *worked* past the deadline, which is what the local deadline is for.
+    ///
+    /// Any failure (other owner, missing key, any Redis error including a response timeout,
+    /// an unexpected reply) is `LockLost`, and the local deadline is pulled to now so
+    /// `remaining()` reads zero from then on. A timed-out request may still run on the
+    /// server later; that can only extend our own key, which `release` then deletes.
+    pub async fn renew(&mut self) -> Result<(), LockLost> {
+        let outcome = self.renew_once().await;
+        match &outcome {
+            Ok(sent_at) => self.deadline = local_deadline(*sent_at, self.ttl),
+            Err(_) => self.deadline = self.deadline.min(Instant::now()),
+        }
+        outcome.map(|_| ())
+    }
+
+    async fn renew_once(&mut self) -> Result<Instant, LockLost> {
+        let ttl_ms = ttl_millis(self.ttl).map_err(|e| LockLost::Redis(e.to_string()))?;
+        let sent_at = Instant::now();
+        let reply: Value = RENEW
+            .key(&self.key)
+            .arg(&self.token)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn)
+            .await
+            .map_err(|e| LockLost::Redis(e.to_string()))?;
+        // Exact type and value: only the integer 1 means renewed.
+        match reply {
+            Value::Int(1) => Ok(sent_at),
+            Value::Int(0) => Err(LockLost::Missing),
+            Value::Int(-1) => Err(LockLost::NotOwner),
+            other => Err(LockLost::UnexpectedReply(format!("{other:?}"))),
+        }
+    }
+
+    /// Delete the key only if it still holds our token. `Ok(true)` if this call deleted it,
+    /// `Ok(false)` if it was already gone or belongs to someone else (left untouched).
+    /// Safe, and expected, after `LockLost`.
+    pub async fn release(&self) -> RedisResult<bool> {
+        let mut c = self.conn.clone();
+        let reply: Value = RELEASE
+            .key(&self.key)
+            .arg(&self.token)
+            .invoke_async(&mut c)
+            .await?;
+        match reply {
+            Value::Int(1) => Ok(true),
+            Value::Int(0) => Ok(false),
+            other => Err(unexpected("unexpected lock_release reply", &other)),
+        }
+    }
+
+    /// The fencing number of this acquisition; pass it with every guarded write.
+    pub fn fence(&self) -> i64 {
+        self.fence
+    }
+
+    /// The UUIDv4 stored in the key.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease length sent to Redis (whole milliseconds).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Time left before the local deadline (monotonic clock); zero once it has passed or a
+    /// renewal failed. Start no new work that could outlast it.
+    pub fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Last successful acquire/renew request start + ttl - [`safety_margin`].
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+}
+
+/// "Don't fire this twice": `SET key 1 NX PX ttl`, no token, no renewal, no release. `true`
+/// for the first caller in each `ttl` window, `false` for everyone else. Use it for
+/// per-tick dispatch fingerprints, not for work that must be exclusive while it runs.
+pub async fn once(conn: &MultiplexedConnection, key: &str, ttl: Duration) -> RedisResult<bool> {
+    let ttl_ms = ttl_millis(ttl)?;
+    let mut c = conn.clone();
+    let reply: Value = redis::cmd("SET")
+        .arg(key)
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(ttl_ms)
+        .query_async(&mut c)
+        .await?;
+    match reply {
+        Value::Okay => Ok(true),
+        Value::Nil => Ok(false),
+        other => Err(unexpected("unexpected SET NX reply", &other)),
+    }
+}
+
+/// Write `value` into the hash `key` as `{fence, value}` only if the stored fence is
+/// `<= fence` (or absent). `Ok(false)` means a newer holder has written: the caller is stale
+/// and must stop. See the module docs for the SQL form of the same rule.
+pub async fn fenced_set(
+    conn: &MultiplexedConnection,
+    key: &str,
+    fence: i64,
+    value: &str,
+) -> RedisResult<bool> {
+    let mut c = conn.clone();
+    let reply: Value = FENCED_SET
+        .key(key)
+        .arg(fence)
+        .arg(value)
+        .invoke_async(&mut c)
+        .await?;
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(unexpected("unexpected fenced_set reply", &other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_is_a_tenth_with_a_floor_and_below_ttl() {
+        assert_eq!(
+            safety_margin(Duration::from_secs(900)),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            safety_margin(Duration::from_millis(300)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            safety_margin(Duration::from_millis(40)),
+            Duration::from_millis(20)
+        );
+        for ms in [1u64, 2, 50, 51, 499, 500, 501] {
+            let ttl = Duration::from_millis(ms);
+            assert!(safety_margin(ttl) < ttl, "margin for {ms} ms");
+        }
+    }
+
+    #[test]
+    fn zero_ttl_is_rejected() {
+        assert!(ttl_millis(Duration::from_micros(900)).is_err());
+        assert_eq!(ttl_millis(Duration::from_micros(1500)).unwrap(), 1);
+    }
+}
