@@ -9,7 +9,7 @@ mod support;
 
 use playguard::lock::{acquire, Lease};
 use playguard::redis_conn::shared;
-use redis::aio::MultiplexedConnection;
+use playguard::redis_conn::Conn as MultiplexedConnection;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

@@ -57,7 +57,7 @@
 //!   (`lock:{marquee-7}`), or the acquire script is rejected with CROSSSLOT.
 //! - Leases are whole milliseconds; a sub-millisecond part of the TTL is dropped.
 
-use redis::aio::MultiplexedConnection;
+use crate::redis_conn::Conn as MultiplexedConnection;
 use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
 use std::sync::LazyLock;
 use std::time::Duration;

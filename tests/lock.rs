@@ -9,7 +9,7 @@ mod support;
 
 use playguard::lock::{acquire, fenced_set, once, LockLost};
 use playguard::redis_conn::{shared, shared_with_timeout};
-use redis::aio::MultiplexedConnection;
+use playguard::redis_conn::Conn as MultiplexedConnection;
 use std::future::Future;
 use std::time::Duration;
 use support::RedisServer;

@@ -39,7 +39,7 @@ fn now_ms() -> u128 {
 
 /// One worker task: try the lock until `until_ms`; while holding, renew, record entry,
 /// pause briefly, record exit, renew, release.
-async fn worker(conn: redis::aio::MultiplexedConnection, until_ms: u128) -> Tally {
+async fn worker(conn: playguard::redis_conn::Conn, until_ms: u128) -> Tally {
     let mut t = Tally::default();
     while now_ms() < until_ms {
         let Some(mut lease) = acquire(&conn, KEY, TTL).await.expect("acquire") else {
