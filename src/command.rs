@@ -40,8 +40,32 @@ pub enum Exit {
     SpawnFailed(String),
 }
 
-/// Run the command until it exits or `stop` resolves (then its group gets TERM, then KILL).
-pub async fn run(spec: Spec<'_>, stop: impl Future<Output = String>) -> Exit {
+/// Why a running command is being stopped, and how long it may take to go after TERM.
+/// A zero grace means KILL at once (a lapsed lease leaves no time to be polite).
+pub struct Stop {
+    pub why: String,
+    pub grace: Duration,
+}
+
+impl Stop {
+    pub fn term(why: impl Into<String>) -> Stop {
+        Stop {
+            why: why.into(),
+            grace: KILL_GRACE,
+        }
+    }
+
+    pub fn kill(why: impl Into<String>) -> Stop {
+        Stop {
+            why: why.into(),
+            grace: Duration::ZERO,
+        }
+    }
+}
+
+/// Run the command until it exits or `stop` resolves (then its group gets TERM and, after the
+/// stop's grace, KILL).
+pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let Some((prog, args)) = spec.argv.split_first() else {
         return Exit::SpawnFailed("empty argv".into());
     };
@@ -96,12 +120,13 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = String>) -> Exit {
     tokio::pin!(stop);
     let status = tokio::select! {
         st = child.wait() => st,
-        why = &mut stop => {
-            killed = Some(why);
+        st = &mut stop => {
+            killed = Some(st.why);
             if let Some(pg) = pgid {
-                let _ = killpg(pg, Signal::SIGTERM);
+                let first = if st.grace.is_zero() { Signal::SIGKILL } else { Signal::SIGTERM };
+                let _ = killpg(pg, first);
             }
-            match tokio::time::timeout(KILL_GRACE, child.wait()).await {
+            match tokio::time::timeout(st.grace, child.wait()).await {
                 Ok(st) => st,
                 Err(_) => {
                     if let Some(pg) = pgid {

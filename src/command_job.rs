@@ -83,8 +83,9 @@ impl Handler for CommandJob {
                     }
                 };
                 tokio::select! {
-                    _ = shutdown.hard_deadline() => "shutdown deadline reached".to_string(),
-                    _ = limit => format!("timed out after {}s", timeout.unwrap_or_default().as_secs_f64()),
+                    _ = shutdown.hard_deadline() => command::Stop::term("shutdown deadline reached"),
+                    _ = limit => command::Stop::term(format!(
+                        "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
             };
             let exit = command::run(

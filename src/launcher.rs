@@ -119,8 +119,7 @@ pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
                 },
             );
         } else {
-            // phased jobs: registered by the reconcile module (lands with the token lock)
-            let _ = j;
+            registry.register_arc(j.class.clone(), crate::reconcile::from_manifest(j));
         }
     }
 }

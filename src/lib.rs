@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod payload;
 pub mod periodic;
 pub mod processor;
+pub mod reconcile;
 pub mod redis_conn;
 pub mod retry;
 pub mod runtime;

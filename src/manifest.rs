@@ -60,6 +60,9 @@ pub struct LockSpec {
     pub ttl_secs: f64,
     #[serde(default = "default_when_locked")]
     pub when_locked: String,
+    /// How logs name what the lock guards, e.g. "Marquee {args.0}" (default: the key).
+    #[serde(default)]
+    pub label: Option<String>,
 }
 
 fn default_ttl() -> f64 {
@@ -216,6 +219,9 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
             ));
         }
         check_template(&l.key)?;
+        if let Some(label) = &l.label {
+            check_template(label)?;
+        }
     }
     match j.on_lock_lost.as_deref() {
         None | Some("abort") => {}

@@ -8,8 +8,8 @@
 mod support;
 
 use playguard::lock::{acquire, fenced_set, once, LockLost};
-use playguard::redis_conn::{shared, shared_with_timeout};
 use playguard::redis_conn::Conn as MultiplexedConnection;
+use playguard::redis_conn::{shared, shared_with_timeout};
 use std::future::Future;
 use std::time::Duration;
 use support::RedisServer;

@@ -1,0 +1,438 @@
+//! The phased, lock-guarded job of seed 000 (the per-Marquee reconcile cycle). Keys: the
+//! job's lock key and `<key>:fence` (through `lock.rs`).
+//!
+//! The cycle: take the token lock first, and if someone else holds it, log and finish without
+//! retry (the next tick reconciles). Then run phase after phase and renew the lease after
+//! each one, never before: the TTL only has to cover one phase. A renewal that cannot prove
+//! ownership (another token, no key, any Redis error) stops the cycle: no further phase starts.
+//! A phase is never left running past the lease's local deadline: its process group is killed
+//! (KILL, no grace) and the cycle ends as "lock lost". However the cycle ends, the lease is
+//! released with compare-and-delete, so a newer owner's lock survives. At shutdown the cycle
+//! stops at the next boundary (or its phase is killed at the deadline), releases, and the
+//! processor pushes the original payload back to the head of the queue.
+
+use crate::command::{self, Exit, Stop};
+use crate::command_job::{exit_failure, job_env, LockEnv, TIMEOUT_ERROR};
+use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
+use crate::lock::{self, Lease};
+use crate::manifest::{render_template, JobSpec};
+use crate::redis_conn::Conn;
+use crate::retry::Failure;
+use crate::shutdown::Shutdown;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// error_class when the lock cannot even be attempted (Redis unreachable at acquire).
+pub const LOCK_ERROR: &str = "Playguard::LockError";
+
+/// What a phase is told about its run.
+#[derive(Clone)]
+pub struct PhaseContext {
+    pub jid: String,
+    pub class: String,
+    pub queue: String,
+    pub args: Vec<Value>,
+    pub retry_count: Option<i64>,
+    pub payload: Arc<str>,
+    pub phase: String,
+    pub lock_key: String,
+    /// The fencing token: pass it to every downstream write (see lock.rs).
+    pub fence: i64,
+    /// The lease's local deadline: the phase must be done by then.
+    pub lease_deadline: Instant,
+    /// This phase's own timeout, if any (already folded into `stop_at`).
+    pub stop_at: Instant,
+    pub shutdown: Shutdown,
+    pub redis: Conn,
+}
+
+/// Why a phase was stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StopCause {
+    LeaseDeadline,
+    PhaseTimeout,
+    Shutdown,
+}
+
+/// How one phase ended.
+#[derive(Debug)]
+pub enum PhaseEnd {
+    Ok,
+    Failed(Failure),
+    Stopped(StopCause),
+}
+
+/// One phase of a cycle. Command phases come from manifests; Rust phases implement this.
+pub trait Phase: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    /// Run the phase. Stop by `ctx.stop_at` and at the shutdown deadline; a Rust phase that
+    /// does not is abandoned (its future dropped) at those moments.
+    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd>;
+}
+
+/// When a phase must stop and why: the earliest of lease deadline, phase timeout, shutdown.
+async fn stop_signal(ctx: &PhaseContext) -> StopCause {
+    let cause_at = if ctx.stop_at < ctx.lease_deadline {
+        StopCause::PhaseTimeout
+    } else {
+        StopCause::LeaseDeadline
+    };
+    tokio::select! {
+        _ = tokio::time::sleep_until(ctx.stop_at) => cause_at,
+        _ = ctx.shutdown.hard_deadline() => StopCause::Shutdown,
+    }
+}
+
+/// A Rust phase from an async closure: `Ok(())` = done, `Err(Failure)` = the job fails.
+pub struct FnPhase<F> {
+    name: String,
+    f: F,
+}
+
+impl<F, Fut> Phase for FnPhase<F>
+where
+    F: Fn(PhaseContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
+        let fut = (self.f)(ctx);
+        Box::pin(async move {
+            match fut.await {
+                Ok(()) => PhaseEnd::Ok,
+                Err(f) => PhaseEnd::Failed(f),
+            }
+        })
+    }
+}
+
+/// A manifest phase: one command.
+pub struct CommandPhase {
+    pub name: String,
+    pub argv: Vec<String>,
+}
+
+impl Phase for CommandPhase {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
+        let argv = self.argv.clone();
+        Box::pin(async move {
+            let job = JobContext {
+                jid: ctx.jid.clone(),
+                class: ctx.class.clone(),
+                queue: ctx.queue.clone(),
+                args: ctx.args.clone(),
+                retry_count: ctx.retry_count,
+                payload: ctx.payload.clone(),
+                shutdown: ctx.shutdown.clone(),
+                redis: ctx.redis.clone(),
+                slot: None,
+            };
+            let env = job_env(
+                &job,
+                Some(&ctx.phase),
+                Some(LockEnv {
+                    key: &ctx.lock_key,
+                    fence: ctx.fence,
+                }),
+            );
+            let cause = std::sync::Mutex::new(None);
+            let stop = async {
+                let c = stop_signal(&ctx).await;
+                *cause.lock().unwrap() = Some(c);
+                match c {
+                    // The lease is the safety guarantee: no grace past it.
+                    StopCause::LeaseDeadline => Stop::kill("lease deadline passed"),
+                    StopCause::PhaseTimeout => Stop::term("phase timeout"),
+                    StopCause::Shutdown => Stop::term("shutdown deadline reached"),
+                }
+            };
+            let exit = command::run(
+                command::Spec {
+                    argv: &argv,
+                    env,
+                    stdin: ctx.payload.to_string(),
+                    jid: &ctx.jid,
+                    phase: Some(&ctx.phase),
+                },
+                stop,
+            )
+            .await;
+            if let Exit::Killed { .. } = exit {
+                if let Some(c) = *cause.lock().unwrap() {
+                    return PhaseEnd::Stopped(c);
+                }
+            }
+            match exit_failure(exit) {
+                None => PhaseEnd::Ok,
+                Some(f) => PhaseEnd::Failed(f),
+            }
+        })
+    }
+}
+
+/// Lock settings of a phased job.
+#[derive(Debug, Clone)]
+pub struct LockConfig {
+    /// Key template: `{args.N}`, `{jid}`, `{class}`, `{queue}`.
+    pub key: String,
+    pub ttl: Duration,
+    /// How logs name the guarded thing ("Marquee {args.0}"); default: the key.
+    pub label: Option<String>,
+}
+
+/// A cycle: a lock and its phases, each with an optional timeout.
+pub struct Cycle {
+    pub lock: LockConfig,
+    pub phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
+}
+
+impl Cycle {
+    /// A cycle under `key` (a template such as "playguard:marquee:{args.0}") with `ttl`.
+    pub fn new(key: impl Into<String>, ttl: Duration) -> Cycle {
+        Cycle {
+            lock: LockConfig {
+                key: key.into(),
+                ttl,
+                label: None,
+            },
+            phases: Vec::new(),
+        }
+    }
+
+    /// Name the guarded thing in logs, e.g. "Marquee {args.0}".
+    pub fn label(mut self, label: impl Into<String>) -> Cycle {
+        self.lock.label = Some(label.into());
+        self
+    }
+
+    pub fn phase(mut self, phase: impl Phase, timeout: Option<Duration>) -> Cycle {
+        self.phases.push((Arc::new(phase), timeout));
+        self
+    }
+
+    /// Add a phase from an async closure.
+    pub fn phase_fn<F, Fut>(self, name: impl Into<String>, f: F) -> Cycle
+    where
+        F: Fn(PhaseContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
+    {
+        self.phase(
+            FnPhase {
+                name: name.into(),
+                f,
+            },
+            None,
+        )
+    }
+}
+
+pub fn from_manifest(j: &JobSpec) -> Arc<dyn Handler> {
+    let lock = match &j.lock {
+        Some(l) => LockConfig {
+            key: l.key.clone(),
+            ttl: Duration::from_secs_f64(l.ttl_secs),
+            label: l.label.clone(),
+        },
+        // A phased job without a lock still gets one per jid, so the cycle logic is uniform.
+        None => LockConfig {
+            key: "playguard:job:{class}:{jid}".into(),
+            ttl: Duration::from_secs(900),
+            label: None,
+        },
+    };
+    Arc::new(Cycle {
+        lock,
+        phases: j
+            .phases
+            .iter()
+            .map(|p| {
+                let phase: Arc<dyn Phase> = Arc::new(CommandPhase {
+                    name: p.name.clone(),
+                    argv: p.run.clone(),
+                });
+                (phase, p.timeout_secs.map(Duration::from_secs_f64))
+            })
+            .collect(),
+    })
+}
+
+/// Releases the lease however the cycle ends, even if the cycle's future is dropped.
+struct ReleaseGuard {
+    lease: Option<Lease>,
+}
+
+impl ReleaseGuard {
+    async fn release(&mut self, why: &str) {
+        if let Some(lease) = self.lease.take() {
+            match lease.release().await {
+                Ok(true) => tracing::info!(lock_key = lease.key(), fence = lease.fence(), "lock released ({why})"),
+                Ok(false) => tracing::info!(lock_key = lease.key(),
+                    "lock was no longer ours at release ({why}); the newer owner's lock is untouched"),
+                Err(e) => tracing::warn!(lock_key = lease.key(), error = %e,
+                    "could not release the lock ({why}); it expires by its ttl"),
+            }
+        }
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            // Cancelled or panicked mid-cycle: release in the background.
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move {
+                    let _ = lease.release().await;
+                });
+            }
+        }
+    }
+}
+
+impl Handler for Cycle {
+    fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
+        let lock = self.lock.clone();
+        let phases = self.phases.clone();
+        Box::pin(run_cycle(lock, phases, ctx))
+    }
+}
+
+async fn run_cycle(
+    lock: LockConfig,
+    phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
+    ctx: JobContext,
+) -> Outcome {
+    let key = render_template(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args);
+    let label = lock
+        .label
+        .as_deref()
+        .map(|l| render_template(l, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args))
+        .unwrap_or_else(|| key.clone());
+    let lease = match lock::acquire(&ctx.redis, &key, lock.ttl).await {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            tracing::info!(lock_key = %key, "{label} is already locked; skipping this run (no retry)");
+            return Outcome::Done;
+        }
+        Err(e) => {
+            return Outcome::Failed(Failure::new(
+                LOCK_ERROR,
+                format!("cannot take lock {key}: {e}"),
+            ));
+        }
+    };
+    let fence = lease.fence();
+    tracing::info!(lock_key = %key, fence, ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
+    let mut guard = ReleaseGuard { lease: Some(lease) };
+    let half_ttl = lock.ttl / 2;
+    for (i, (phase, timeout)) in phases.iter().enumerate() {
+        let name = phase.name().to_string();
+        if ctx.shutdown.is_stopping() {
+            tracing::info!(next_phase = %name, "shutdown: stopping at the phase boundary");
+            guard.release("shutdown").await;
+            return Outcome::Requeue;
+        }
+        let lease_deadline = guard
+            .lease
+            .as_ref()
+            .expect("held between phases")
+            .deadline();
+        let started = Instant::now();
+        let stop_at = match timeout {
+            Some(t) => lease_deadline.min(started + *t),
+            None => lease_deadline,
+        };
+        ctx.set_phase(Some(&name));
+        tracing::info!(phase = %name, step = i + 1, of = phases.len(), fence, "phase start");
+        let pctx = PhaseContext {
+            jid: ctx.jid.clone(),
+            class: ctx.class.clone(),
+            queue: ctx.queue.clone(),
+            args: ctx.args.clone(),
+            retry_count: ctx.retry_count,
+            payload: ctx.payload.clone(),
+            phase: name.clone(),
+            lock_key: key.clone(),
+            fence,
+            lease_deadline,
+            stop_at,
+            shutdown: ctx.shutdown.clone(),
+            redis: ctx.redis.clone(),
+        };
+        let end = run_phase(phase.clone(), pctx).await;
+        let took = started.elapsed();
+        tracing::info!(phase = %name, elapsed_ms = took.as_millis() as u64, result = ?end, "phase end");
+        if took > half_ttl {
+            tracing::warn!(phase = %name, elapsed_ms = took.as_millis() as u64, ttl_ms = lock.ttl.as_millis() as u64,
+                "phase took more than half the lock ttl; raise ttl_secs or split the phase");
+        }
+        match end {
+            PhaseEnd::Ok => {}
+            PhaseEnd::Failed(f) => {
+                guard.release("phase failed").await;
+                ctx.set_phase(None);
+                return Outcome::Failed(f);
+            }
+            PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
+                guard.release("phase timeout").await;
+                ctx.set_phase(None);
+                return Outcome::Failed(Failure::new(
+                    TIMEOUT_ERROR,
+                    format!("phase {name} timed out after {:.1}s", took.as_secs_f64()),
+                ));
+            }
+            PhaseEnd::Stopped(StopCause::Shutdown) => {
+                guard.release("shutdown").await;
+                return Outcome::Requeue;
+            }
+            PhaseEnd::Stopped(StopCause::LeaseDeadline) => {
+                tracing::warn!(phase = %name, lock_key = %key,
+                    "aborted: lock lost (the phase outlived its lease and was killed)");
+                guard.release("lock lost").await;
+                return Outcome::Done;
+            }
+        }
+        // Renew after the phase, not before: this proves we held the lock through it.
+        let lease = guard.lease.as_mut().expect("held between phases");
+        if let Err(lost) = lease.renew().await {
+            tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
+                "aborted: lock lost; no further phase starts");
+            guard.release("lock lost").await;
+            ctx.set_phase(None);
+            return Outcome::Done;
+        }
+    }
+    ctx.set_phase(None);
+    guard.release("cycle complete").await;
+    Outcome::Done
+}
+
+/// Run one phase on its own task (a panic is contained), abandoning it if it ignores its stop.
+async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
+    let backstop_ctx = ctx.clone();
+    let mut task = tokio::spawn(phase.run(ctx).in_current_span());
+    tokio::select! {
+        r = &mut task => match r {
+            Ok(end) => end,
+            Err(e) if e.is_panic() => PhaseEnd::Failed(Failure::new("Playguard::Panic", "phase panicked")),
+            Err(_) => PhaseEnd::Stopped(StopCause::Shutdown),
+        },
+        cause = stop_signal(&backstop_ctx) => {
+            // Command phases kill their group and return; give them the kill grace.
+            let grace = if cause == StopCause::LeaseDeadline { Duration::from_millis(500) } else { command::KILL_GRACE + Duration::from_millis(500) };
+            match tokio::time::timeout(grace, &mut task).await {
+                Ok(Ok(end)) => end,
+                _ => { task.abort(); PhaseEnd::Stopped(cause) }
+            }
+        }
+    }
+}
