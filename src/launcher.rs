@@ -124,9 +124,20 @@ pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
     }
 }
 
-/// Run a worker until it is told to stop. `registry` holds Rust handlers; manifest entries
-/// from `config.jobs_dir` are added to it.
-pub async fn run(config: Config, mut registry: Registry) -> Result<(), StartError> {
+/// Run a worker until a signal tells it to stop. `registry` holds Rust handlers; manifest
+/// entries from `config.jobs_dir` are added to it.
+pub async fn run(config: Config, registry: Registry) -> Result<(), StartError> {
+    run_with(config, registry, Shutdown::new(), true).await
+}
+
+/// Run a worker that stops when `shutdown` says so (for embedding and tests); `signals`
+/// also listens for TERM/INT/TSTP/TTIN.
+pub async fn run_with(
+    config: Config,
+    mut registry: Registry,
+    shutdown: Shutdown,
+    signals_too: bool,
+) -> Result<(), StartError> {
     let manifest =
         Manifest::load(&config.jobs_dir).map_err(|e| StartError::Config(e.to_string()))?;
     register_manifest(&mut registry, &manifest);
@@ -150,7 +161,7 @@ pub async fn run(config: Config, mut registry: Registry) -> Result<(), StartErro
         identity: heartbeat::new_identity(),
         registry,
         work: WorkState::new(),
-        shutdown: Shutdown::new(),
+        shutdown,
         metrics: Arc::new(crate::metrics::Metrics::default()),
         config,
     });
@@ -172,7 +183,15 @@ pub async fn run(config: Config, mut registry: Registry) -> Result<(), StartErro
         classes = ?rt.registry.classes(), "playguard starting");
 
     let root = crate::logging::root().clone();
-    let signal_task = tokio::spawn(signals(rt.clone()).instrument(root.clone()));
+    let rt2 = rt.clone();
+    let signal_task = tokio::spawn(
+        async move {
+            if signals_too {
+                signals(rt2).await
+            }
+        }
+        .instrument(root.clone()),
+    );
     let info = heartbeat::info_json(&rt, crate::payload::now_f64());
     // Beat before fetching: with reliable fetch our working lists must be claimed by a live
     // process before they hold anything.

@@ -1,0 +1,132 @@
+//! The library API for embedders: Rust handlers and Rust-phased cycles, run in-process against
+//! a redis-server this test owns, stopped through the shutdown handle.
+mod support;
+
+use playguard::config::Config;
+use playguard::reconcile::Cycle;
+use playguard::shutdown::Shutdown;
+use playguard::{Failure, Registry};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::*;
+
+fn config(redis: &RedisServer) -> Config {
+    Config {
+        redis_url: redis.url(),
+        jobs_dir: "no-such-dir".into(),
+        ..Config::default()
+    }
+}
+
+fn push(redis: &RedisServer, class: &str, args: serde_json::Value) {
+    let job = serde_json::json!({"class": class, "args": args, "jid": playguard::payload::new_jid(),
+        "queue": "default", "retry": 1, "created_at": 1.0, "enqueued_at": 1.0});
+    let _: () = redis::cmd("LPUSH")
+        .arg("queue:default")
+        .arg(job.to_string())
+        .query(&mut redis.conn())
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_handlers_and_rust_phases_run_and_a_panicking_phase_releases_its_lock() {
+    let redis = RedisServer::start();
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut registry = Registry::new();
+    let s = seen.clone();
+    registry.register_fn("Greeter", move |ctx| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(format!("hello {}", ctx.args[0]));
+            Ok(())
+        }
+    });
+    let s1 = seen.clone();
+    let s2 = seen.clone();
+    let cycle = Cycle::new("rust:marquee:{args.0}", Duration::from_secs(30))
+        .phase_fn("one", move |p| {
+            let s = s1.clone();
+            async move {
+                s.lock()
+                    .unwrap()
+                    .push(format!("one {} fence {}", p.args[0], p.fence));
+                Ok(())
+            }
+        })
+        .phase_fn("two", move |p| {
+            let s = s2.clone();
+            async move {
+                if p.args[0] == "boom" {
+                    panic!("phase two exploded");
+                }
+                s.lock().unwrap().push(format!("two {}", p.args[0]));
+                Err::<(), _>(Failure::new("Nope", "never")).or(Ok(()))
+            }
+        });
+    registry.register("RustCycle", cycle);
+
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn(playguard::launcher::run_with(
+        config(&redis),
+        registry,
+        shutdown.clone(),
+        false,
+    ));
+    push(&redis, "Greeter", serde_json::json!(["world"]));
+    push(&redis, "RustCycle", serde_json::json!(["m1"]));
+    push(&redis, "RustCycle", serde_json::json!(["boom"]));
+    let seen2 = seen.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("handlers ran", Duration::from_secs(20), || {
+            let v = seen2.lock().unwrap();
+            v.contains(&"hello \"world\"".to_string()) && v.iter().any(|l| l == "two \"m1\"")
+        })
+    })
+    .await
+    .unwrap();
+    let mut c = redis.conn();
+    let r2 = redis.url();
+    tokio::task::spawn_blocking(move || {
+        let redis_c = redis::Client::open(r2).unwrap();
+        let mut c = redis_c.get_connection().unwrap();
+        wait_until(
+            "the panicking cycle was retried",
+            Duration::from_secs(20),
+            || {
+                redis::cmd("ZCARD")
+                    .arg("retry")
+                    .query::<i64>(&mut c)
+                    .unwrap()
+                    == 1
+            },
+        )
+    })
+    .await
+    .unwrap();
+    let retry: Vec<String> = redis::cmd("ZRANGE")
+        .arg("retry")
+        .arg(0)
+        .arg(-1)
+        .query(&mut c)
+        .unwrap();
+    assert!(retry[0].contains("Playguard::Panic"), "{retry:?}");
+    let locked: bool = redis::cmd("EXISTS")
+        .arg("rust:marquee:boom")
+        .query(&mut c)
+        .unwrap();
+    assert!(!locked, "the panicking cycle released its lock");
+    shutdown.stop(Duration::from_secs(5));
+    tokio::time::timeout(Duration::from_secs(15), worker)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let procs: Vec<String> = redis::cmd("SMEMBERS")
+        .arg("processes")
+        .query(&mut c)
+        .unwrap();
+    assert!(
+        procs.is_empty(),
+        "clean stop left the process set: {procs:?}"
+    );
+}
