@@ -69,6 +69,10 @@ pub struct CommandJob {
 }
 
 impl Handler for CommandJob {
+    fn stops_itself(&self) -> bool {
+        true
+    }
+
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
         let argv = self.argv.clone();
         let timeout = self.timeout;

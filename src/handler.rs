@@ -52,6 +52,13 @@ pub enum Outcome {
 /// What a class runs. Implemented by closures through [`Registry::register_fn`].
 pub trait Handler: Send + Sync + 'static {
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome>;
+
+    /// Whether `perform` watches the shutdown deadline itself (stopping its child processes
+    /// and returning `Requeue`). Others are abandoned at the deadline, like Sidekiq's
+    /// hard shutdown interrupting a thread.
+    fn stops_itself(&self) -> bool {
+        false
+    }
 }
 
 struct FnHandler<F>(F);

@@ -61,21 +61,25 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                 redis: rt.conn.clone(),
                 slot: Some(slot.clone()),
             };
-            // Run the handler on its own task so a panic is contained, and abandon a Rust
-            // handler at the hard deadline (command and phased jobs stop their own children
-            // first and report Requeue themselves).
+            // Run the handler on its own task so a panic is contained. At the hard deadline a
+            // Rust handler is abandoned; command and phased jobs stop their process groups
+            // first and report Requeue themselves (within the kill grace).
+            let stops_itself = h.stops_itself();
             let mut task = tokio::spawn(h.perform(ctx).in_current_span());
+            let joined = |r: Result<Outcome, tokio::task::JoinError>| match r {
+                Ok(o) => o,
+                Err(e) if e.is_panic() => {
+                    Outcome::Failed(Failure::new("Playguard::Panic", panic_message(e)))
+                }
+                Err(_) => Outcome::Requeue,
+            };
             tokio::select! {
-                r = &mut task => match r {
-                    Ok(o) => o,
-                    Err(e) if e.is_panic() => Outcome::Failed(Failure::new("Playguard::Panic", panic_message(e))),
-                    Err(_) => Outcome::Requeue,
-                },
+                r = &mut task => joined(r),
                 _ = rt.shutdown.hard_deadline() => {
-                    // Give command/phased jobs a moment to kill their process groups.
-                    match tokio::time::timeout(crate::command::KILL_GRACE * 2, &mut task).await {
-                        Ok(Ok(o)) => o,
-                        _ => { task.abort(); Outcome::Requeue }
+                    let grace = if stops_itself { crate::command::KILL_GRACE * 2 } else { std::time::Duration::ZERO };
+                    match tokio::time::timeout(grace, &mut task).await {
+                        Ok(r) => joined(r),
+                        Err(_) => { task.abort(); Outcome::Requeue }
                     }
                 }
             }

@@ -299,6 +299,10 @@ impl Drop for ReleaseGuard {
 }
 
 impl Handler for Cycle {
+    fn stops_itself(&self) -> bool {
+        true
+    }
+
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
         let lock = self.lock.clone();
         let phases = self.phases.clone();
