@@ -1,0 +1,189 @@
+//! The command line: `check` on the shipped manifests, `-C` YAML with env sections (flags win),
+//! `enqueue --in`, database numbers in REDIS_URL, and clear one-line configuration errors.
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+use support::*;
+
+#[test]
+fn check_accepts_the_shipped_manifests() {
+    let redis = RedisServer::start();
+    let out = Command::new(bin())
+        .args(["check", "-r", &redis.url()])
+        .current_dir(project_dir())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok: 1 job class"));
+}
+
+#[test]
+fn yaml_config_with_env_section_and_flags_that_win() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.write(
+        "config/sidekiq.yml",
+        ":concurrency: 3\n:queues:\n  - [critical, 3]\n  - low\ntag: from-yaml\nproduction:\n  concurrency: 7\n",
+    );
+    let url = format!("redis://127.0.0.1:{}/3", redis.port);
+    let mut w = Command::new(bin())
+        .args(["run", "-r", &url, "-e", "production", "-g", "from-flag"])
+        .current_dir(p.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut info = String::new();
+    wait_until(
+        "process registered in db 3",
+        Duration::from_secs(10),
+        || {
+            let ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg("processes")
+                .query(&mut c)
+                .unwrap();
+            ids.first()
+                .map(|id| {
+                    info = redis::cmd("HGET")
+                        .arg(id)
+                        .arg("info")
+                        .query(&mut c)
+                        .unwrap()
+                })
+                .is_some()
+        },
+    );
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(
+        v["concurrency"], 7,
+        "production section wins over the top level"
+    );
+    assert_eq!(v["queues"], serde_json::json!(["critical", "low"]));
+    assert_eq!(v["tag"], "from-flag", "flags win over the file");
+    signal(w.id() as i32, "TERM");
+    assert!(w.wait().unwrap().success());
+}
+
+#[test]
+fn enqueue_in_goes_to_the_schedule_set() {
+    let redis = RedisServer::start();
+    let out = Command::new(bin())
+        .args([
+            "enqueue",
+            "-r",
+            &redis.url(),
+            "Later",
+            "1",
+            "--in",
+            "3600",
+            "--queue",
+            "low",
+            "--retry",
+            "false",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let jid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let mut c = redis.conn();
+    let members: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg("schedule")
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(members.len(), 1);
+    let job: serde_json::Value = serde_json::from_str(&members[0].0).unwrap();
+    assert_eq!(job["jid"], jid.as_str());
+    assert_eq!(job["queue"], "low");
+    assert_eq!(job["retry"], false);
+    assert!(
+        job.get("enqueued_at").is_none(),
+        "scheduled members carry no enqueued_at"
+    );
+    let now = playguard::payload::now_f64();
+    assert!(members[0].1 > now + 3500.0);
+}
+
+#[test]
+fn configuration_errors_are_one_clear_line() {
+    let bad_q = Command::new(bin())
+        .args(["run", "-q", "low,x"])
+        .output()
+        .unwrap();
+    assert_eq!(bad_q.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad_q.stderr);
+    assert!(err.contains("weight must be a whole number"), "{err}");
+    let unreachable = Command::new(bin())
+        .args(["run", "-r", "redis://127.0.0.1:1/0", "-j", "none"])
+        .output()
+        .unwrap();
+    assert_ne!(unreachable.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&unreachable.stderr)
+        .contains("cannot reach Redis at redis://127.0.0.1:1/0"));
+}
+
+#[test]
+fn the_shipped_reconcile_cycle_runs_all_six_phases() {
+    let redis = RedisServer::start();
+    let demo = tempfile::tempdir().unwrap();
+    let mut w = Command::new(bin())
+        .args(["run", "-r", &redis.url(), "-q", "playguard"])
+        .current_dir(project_dir())
+        .env("PLAYGUARD_DEMO_DIR", demo.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Command::new(bin())
+        .args([
+            "enqueue",
+            "-r",
+            &redis.url(),
+            "--queue",
+            "playguard",
+            "PlayguardJob",
+            "42",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let mut c = redis.conn();
+    wait_until("cycle done and released", Duration::from_secs(60), || {
+        redis::cmd("GET")
+            .arg("stat:processed")
+            .query::<Option<i64>>(&mut c)
+            .unwrap()
+            == Some(1)
+    });
+    signal(w.id() as i32, "TERM");
+    let output = w.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&output.stdout);
+    for phase in [
+        "sync_git",
+        "fetch_branches",
+        "pull_images",
+        "reconcile_playgrounds",
+        "process_agent_chats",
+        "sweep_orphans",
+    ] {
+        assert!(
+            log.contains(&format!("phase end phase={phase} ")),
+            "phase {phase} ran:\n{log}"
+        );
+    }
+    assert!(log.contains("cycle of Marquee 42 complete"), "{log}");
+    assert!(!log.contains("result=Failed"), "{log}");
+    assert!(
+        demo.path().join("marquee-42/repo/.git").exists(),
+        "git work was done"
+    );
+}
