@@ -372,7 +372,9 @@ async fn run_cycle(
             shutdown: ctx.shutdown.clone(),
             redis: ctx.redis.clone(),
         };
-        let end = run_phase(phase.clone(), pctx).await;
+        // Phase output lines carry the jid (job span), the guarded thing and the phase.
+        let span = tracing::info_span!("phase", lock = %label, phase = %name);
+        let end = run_phase(phase.clone(), pctx).instrument(span).await;
         let took = started.elapsed();
         tracing::info!(phase = %name, elapsed_ms = took.as_millis() as u64, result = ?end, "phase end");
         if took > half_ttl {
