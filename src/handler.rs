@@ -26,6 +26,8 @@ pub struct JobContext {
     pub payload: Arc<str>,
     pub shutdown: Shutdown,
     pub redis: crate::redis_conn::Conn,
+    /// Counters for lock events and phase durations (served on --metrics-addr).
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 

@@ -59,6 +59,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                 payload,
                 shutdown: rt.shutdown.clone(),
                 redis: rt.conn.clone(),
+                metrics: rt.metrics.clone(),
                 slot: Some(slot.clone()),
             };
             // Run the handler on its own task so a panic is contained. At the hard deadline a

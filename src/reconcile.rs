@@ -47,6 +47,7 @@ pub struct PhaseContext {
     pub stop_at: Instant,
     pub shutdown: Shutdown,
     pub redis: Conn,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Why a phase was stopped from outside.
@@ -135,6 +136,7 @@ impl Phase for CommandPhase {
                 payload: ctx.payload.clone(),
                 shutdown: ctx.shutdown.clone(),
                 redis: ctx.redis.clone(),
+                metrics: ctx.metrics.clone(),
                 slot: None,
             };
             let env = job_env(
@@ -324,6 +326,7 @@ async fn run_cycle(
     let lease = match lock::acquire(&ctx.redis, &key, lock.ttl).await {
         Ok(Some(l)) => l,
         Ok(None) => {
+            ctx.metrics.lock_event(&ctx.class, "skipped");
             tracing::info!(lock_key = %key, "{label} is already locked; skipping this run (no retry)");
             return Outcome::Done;
         }
@@ -335,6 +338,7 @@ async fn run_cycle(
         }
     };
     let fence = lease.fence();
+    ctx.metrics.lock_event(&ctx.class, "acquired");
     tracing::info!(lock_key = %key, fence, ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
     let mut guard = ReleaseGuard { lease: Some(lease) };
     let half_ttl = lock.ttl / 2;
@@ -371,11 +375,14 @@ async fn run_cycle(
             stop_at,
             shutdown: ctx.shutdown.clone(),
             redis: ctx.redis.clone(),
+            metrics: ctx.metrics.clone(),
         };
         // Phase output lines carry the jid (job span), the guarded thing and the phase.
         let span = tracing::info_span!("phase", lock = %label, phase = %name);
         let end = run_phase(phase.clone(), pctx).instrument(span).await;
         let took = started.elapsed();
+        ctx.metrics
+            .phase_finished(&ctx.class, &name, took.as_secs_f64());
         tracing::info!(phase = %name, elapsed_ms = took.as_millis() as u64, result = ?end, "phase end");
         if took > half_ttl {
             tracing::warn!(phase = %name, elapsed_ms = took.as_millis() as u64, ttl_ms = lock.ttl.as_millis() as u64,
@@ -401,6 +408,7 @@ async fn run_cycle(
                 return Outcome::Requeue;
             }
             PhaseEnd::Stopped(StopCause::LeaseDeadline) => {
+                ctx.metrics.lock_event(&ctx.class, "lost");
                 tracing::warn!(phase = %name, lock_key = %key,
                     "aborted: lock lost (the phase outlived its lease and was killed)");
                 guard.release("lock lost").await;
@@ -410,6 +418,7 @@ async fn run_cycle(
         // Renew after the phase, not before: this proves we held the lock through it.
         let lease = guard.lease.as_mut().expect("held between phases");
         if let Err(lost) = lease.renew().await {
+            ctx.metrics.lock_event(&ctx.class, "lost");
             tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
                 "aborted: lock lost; no further phase starts");
             guard.release("lock lost").await;

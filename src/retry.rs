@@ -86,12 +86,13 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
         ),
     );
     msg.insert("error_class".into(), Value::from(failure.class.clone()));
+    // Ruby: `if msg["retry_count"]` -- a later failure; otherwise the first one.
     let count = match msg.get("retry_count").and_then(Value::as_i64) {
-        Some(prev) if msg.contains_key("retry_count") => {
+        Some(prev) => {
             msg.insert("retried_at".into(), now_value(millis));
             prev + 1
         }
-        _ => {
+        None => {
             msg.insert("failed_at".into(), now_value(millis));
             0
         }

@@ -136,7 +136,7 @@ fn configuration_errors_are_one_clear_line() {
 fn the_shipped_reconcile_cycle_runs_all_six_phases() {
     let redis = RedisServer::start();
     let demo = tempfile::tempdir().unwrap();
-    let mut w = Command::new(bin())
+    let w = Command::new(bin())
         .args(["run", "-r", &redis.url(), "-q", "playguard"])
         .current_dir(project_dir())
         .env("PLAYGUARD_DEMO_DIR", demo.path())
