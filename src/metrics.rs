@@ -333,20 +333,30 @@ pub async fn serve(
             };
             let metrics = metrics.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let n = match tokio::time::timeout(
-                    std::time::Duration::from_secs(5),
-                    sock.read(&mut buf),
-                )
-                .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
+                // Read until the end of the request head: a client may send it in pieces.
+                let mut buf = Vec::with_capacity(1024);
+                let head = async {
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
                 };
-                let req = String::from_utf8_lossy(&buf[..n]);
+                if tokio::time::timeout(std::time::Duration::from_secs(5), head)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let req = String::from_utf8_lossy(&buf);
                 let path = req.split_whitespace().nth(1).unwrap_or("/");
                 let (status, body, ctype) = match path {
                     "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
+                    // The last good beat is at most one interval plus that beat's own round
+                    // trip old while Redis answers; two intervals means at least one whole beat
+                    // went unanswered (a beat that hangs on a silent Redis counts too).
                     "/health" if metrics.healthy(beat_ms * 2) => {
                         ("200 OK", "ok\n".to_string(), "text/plain")
                     }

@@ -88,13 +88,17 @@ fn push(redis: &RedisServer, class: &str, retry: &str) -> String {
 }
 
 fn wait_for_one_process(redis: &RedisServer) -> Value {
-    wait_until("one process in `processes`", Duration::from_secs(20), || {
-        let n: i64 = redis::cmd("SCARD")
-            .arg("processes")
-            .query(&mut redis.conn())
-            .unwrap();
-        n == 1
-    });
+    wait_until(
+        "one process in `processes`",
+        Duration::from_secs(20),
+        || {
+            let n: i64 = redis::cmd("SCARD")
+                .arg("processes")
+                .query(&mut redis.conn())
+                .unwrap();
+            n == 1
+        },
+    );
     let ps = process_set(redis);
     assert_eq!(ps.len(), 1, "{ps:?}");
     ps[0].clone()
@@ -124,7 +128,16 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
     let mut w = Worker::start(
         &redis,
         p.path(),
-        &["-c", "3", "-q", "critical,2", "-q", "default", "-g", "webtag"],
+        &[
+            "-c",
+            "3",
+            "-q",
+            "critical,2",
+            "-q",
+            "default",
+            "-g",
+            "webtag",
+        ],
     );
     let proc = wait_for_one_process(&redis);
     assert_eq!(proc["concurrency"], 3, "{proc}");
@@ -151,7 +164,10 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
     assert_eq!(list[0]["process"], identity.as_str());
     assert_eq!(list[0]["queue"], "default");
     assert_eq!(list[0]["class"], "BlockJob");
-    assert!(list[0]["run_at"].is_i64(), "run_at is integer seconds: {ws}");
+    assert!(
+        list[0]["run_at"].is_i64(),
+        "run_at is integer seconds: {ws}"
+    );
     assert_eq!(ws["size"], 1, "Workers#size (sum of busy) agrees: {ws}");
     assert_eq!(ws["workers_size"], 1, "Stats#workers_size agrees: {ws}");
     assert_eq!(process_set(&redis)[0]["busy"], 1);
@@ -342,7 +358,8 @@ fn free_port() -> u16 {
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+        .ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
     let text = String::from_utf8_lossy(&buf).to_string();
@@ -449,10 +466,14 @@ fn screenshot(url: &str, file: &std::path::Path) -> bool {
         .expect("spawn chromium");
     let mut status = None;
     let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_until("chromium wrote the screenshot", Duration::from_secs(120), || {
-            status = child.try_wait().unwrap();
-            status.is_some()
-        })
+        wait_until(
+            "chromium wrote the screenshot",
+            Duration::from_secs(120),
+            || {
+                status = child.try_wait().unwrap();
+                status.is_some()
+            },
+        )
     }));
     if waited.is_err() {
         let _ = child.kill();
@@ -517,7 +538,10 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
         &[&retried, "FailJob", "it broke"],
     );
     web.page("/morgue", &[&dead, "FailJob"]);
-    web.page(&format!("/morgue/{dead_key}"), &[&dead, "FailJob", "it broke"]);
+    web.page(
+        &format!("/morgue/{dead_key}"),
+        &[&dead, "FailJob", "it broke"],
+    );
     web.page("/queues", &[]);
 
     let shot = artifacts_dir().join("web_ui_busy.png");
