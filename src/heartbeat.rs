@@ -103,6 +103,17 @@ pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// One work-hash value: `{queue, payload, run_at}` as launcher.rb writes it, the payload the
+/// original job string (so readers parse it a second time, exactly as for Ruby-run jobs), plus
+/// `phase` for phased jobs. 6.4.1's busy.erb ignores extra keys; the API hands them through.
+pub fn work_entry_json(e: &crate::work::WorkEntry) -> String {
+    let mut entry = json!({"queue": e.queue, "payload": &*e.payload, "run_at": e.run_at});
+    if let Some(p) = &e.phase {
+        entry["phase"] = json!(p);
+    }
+    entry.to_string()
+}
+
 /// One beat. Returns the remote signal popped, if any.
 pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
     // The metrics endpoint reads live busy slots from the same table the heartbeat publishes.
@@ -133,11 +144,7 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     for key in &work_keys {
         pipe.cmd("UNLINK").arg(key).ignore();
         for (tid, e) in &snapshot {
-            let mut entry = json!({"queue": e.queue, "payload": &*e.payload, "run_at": e.run_at});
-            if let Some(p) = &e.phase {
-                entry["phase"] = json!(p);
-            }
-            pipe.hset(key, tid, entry.to_string()).ignore();
+            pipe.hset(key, tid, work_entry_json(e)).ignore();
         }
         pipe.expire(key, PROCESS_TTL_SECS).ignore();
     }
@@ -246,6 +253,28 @@ mod tests {
         );
         assert_eq!(enqueued_at_secs(r#"{"class":"X"}"#), None);
         assert_eq!(enqueued_at_secs("not json"), None);
+    }
+
+    #[test]
+    fn work_entry_keeps_the_payload_string_and_adds_the_phase() {
+        let raw = r#"{"class":"X","args":[1.50,2e3],"jid":"abc"}"#;
+        let mut e = crate::work::WorkEntry {
+            queue: "default".into(),
+            payload: std::sync::Arc::from(raw),
+            run_at: 1796095478,
+            jid: "abc".into(),
+            class: "X".into(),
+            phase: None,
+            started: std::time::Instant::now(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&work_entry_json(&e)).unwrap();
+        assert_eq!(v["payload"].as_str(), Some(raw));
+        assert_eq!(v["run_at"].as_i64(), Some(1796095478));
+        assert_eq!(v["queue"], "default");
+        assert!(v.get("phase").is_none());
+        e.phase = Some("apply".into());
+        let v: serde_json::Value = serde_json::from_str(&work_entry_json(&e)).unwrap();
+        assert_eq!(v["phase"], "apply");
     }
 
     #[test]

@@ -354,21 +354,76 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// One GET over HTTP/1.0; (status, body), or None when nothing answers yet.
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
+/// One HTTP/1.0 exchange; (status, head, body), or None when nothing answers yet.
+fn request(port: u16, req: &str) -> Option<(u16, String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
-        .ok()?;
+    s.write_all(req.as_bytes()).ok()?;
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).ok()?;
     let text = String::from_utf8_lossy(&buf).to_string();
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Some((status, head.to_string(), body.to_string()))
+}
+
+/// One GET; (status, body), or None when nothing answers yet.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    request(
+        port,
+        &format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+    )
+    .map(|(st, _, body)| (st, body))
+}
+
+/// application/x-www-form-urlencoded, enough for tokens and identities.
+fn form_escape(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Press a process's Quiet or Stop button on /busy as a browser would: GET the page for the
+/// session cookie and CSRF token (6.4.1's csrf_protection.rb), then POST the form.
+fn press_busy_button(port: u16, identity: &str, button: &str) {
+    let (status, head, body) = request(
+        port,
+        &format!("GET /busy HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
+    )
+    .expect("GET /busy");
+    assert_eq!(status, 200);
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Set-Cookie: ")
+                .or_else(|| l.strip_prefix("set-cookie: "))
+        })
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_else(|| panic!("no session cookie:\n{head}"))
+        .to_string();
+    let token = body
+        .split("name='authenticity_token' value='")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap_or_else(|| panic!("no authenticity_token on /busy:\n{body}"));
+    let form = format!(
+        "authenticity_token={}&identity={}&{button}=1",
+        form_escape(token),
+        form_escape(identity)
+    );
+    let (status, head, body) = request(
+        port,
+        &format!(
+            "POST /busy HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nCookie: {cookie}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    )
+    .expect("POST /busy");
+    assert_eq!(status, 302, "POST /busy {button}:\n{head}\n{body}");
 }
 
 /// The real Sidekiq::Web on a loopback port, stopped by its PID on drop.
@@ -547,10 +602,21 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
     let shot = artifacts_dir().join("web_ui_busy.png");
     screenshot(&format!("http://127.0.0.1:{}/busy", web.port), &shot);
 
+    // The Busy page's own buttons: Quiet, then Stop (remote TSTP/TERM read at the next beat).
     p.write("release", "");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
-    web.page("/busy", &[]);
-    let (_, body) = get(web.port, "/busy").unwrap();
+    let identity = proc["identity"].as_str().unwrap();
+    press_busy_button(web.port, identity, "quiet");
+    wait_until(
+        "quiet=true after the Busy page's Quiet button",
+        Duration::from_secs(20),
+        || process_set(&redis).first().map(|p| p["quiet"] == "true") == Some(true),
+    );
+    press_busy_button(web.port, identity, "stop");
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(40)),
+        Some(0),
+        "Stop button: clean exit"
+    );
+    let body = web.page("/busy", &[]);
     assert!(!body.contains(&host_pid), "stopped process still on /busy");
 }
