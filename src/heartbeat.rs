@@ -3,7 +3,9 @@
 //! hash under `<identity>:workers` (read by Sidekiq <= 6.4.1) and `<identity>:work` (6.4.2+),
 //! the `stat:processed`/`stat:failed` deltas and their dated keys, our liveness key
 //! `playguard:alive:<identity>` and the `playguard:fetchers` registry, and pops one remote
-//! signal from `<identity>-signals`. `clear` undoes the process entries at a clean stop.
+//! signal from `<identity>-signals`. It also reads the oldest job of each of our queues
+//! (`LINDEX queue:<q> -1`, read only) for the queue-latency gauge. `clear` undoes the process
+//! entries at a clean stop.
 
 use crate::runtime::Runtime;
 use serde_json::json;
@@ -30,7 +32,11 @@ pub fn new_identity() -> String {
     format!("{}:{}:{}", hostname(), std::process::id(), nonce)
 }
 
+/// As launcher.rb: `$DYNO` (Heroku) wins over the system hostname.
 pub fn hostname() -> String {
+    if let Some(d) = std::env::var("DYNO").ok().filter(|d| !d.is_empty()) {
+        return d;
+    }
     hostname::get()
         .ok()
         .and_then(|h| h.into_string().ok())
@@ -74,8 +80,44 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
+/// `enqueued_at` of a queued job in epoch seconds. Sidekiq <= 7 writes float seconds, 8.x
+/// integer milliseconds; readers tell them apart by JSON type (protocol.md §9). An integer that
+/// is too small to be milliseconds is taken as seconds.
+pub fn enqueued_at_secs(raw: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let n = v.get("enqueued_at")?;
+    let f = n.as_f64()?;
+    if (n.is_i64() || n.is_u64()) && f > 1e11 {
+        Some(f / 1000.0)
+    } else {
+        Some(f)
+    }
+}
+
+/// Seconds the oldest job of a queue has waited (Sidekiq's `Queue#latency`): 0 when the queue
+/// is empty or the job cannot be read, never negative.
+pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
+    oldest
+        .and_then(enqueued_at_secs)
+        .map(|t| (now - t).max(0.0))
+        .unwrap_or(0.0)
+}
+
+/// One work-hash value: `{queue, payload, run_at}` as launcher.rb writes it, the payload the
+/// original job string (so readers parse it a second time, exactly as for Ruby-run jobs), plus
+/// `phase` for phased jobs. 6.4.1's busy.erb ignores extra keys; the API hands them through.
+pub fn work_entry_json(e: &crate::work::WorkEntry) -> String {
+    let mut entry = json!({"queue": e.queue, "payload": &*e.payload, "run_at": e.run_at});
+    if let Some(p) = &e.phase {
+        entry["phase"] = json!(p);
+    }
+    entry.to_string()
+}
+
 /// One beat. Returns the remote signal popped, if any.
 pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
+    // The metrics endpoint reads live busy slots from the same table the heartbeat publishes.
+    rt.metrics.attach_work(&rt.work);
     let mut conn = rt.conn.clone();
     let t = Instant::now();
     redis::cmd("PING").query_async::<()>(&mut conn).await?;
@@ -102,11 +144,7 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     for key in &work_keys {
         pipe.cmd("UNLINK").arg(key).ignore();
         for (tid, e) in &snapshot {
-            let mut entry = json!({"queue": e.queue, "payload": &*e.payload, "run_at": e.run_at});
-            if let Some(p) = &e.phase {
-                entry["phase"] = json!(p);
-            }
-            pipe.hset(key, tid, entry.to_string()).ignore();
+            pipe.hset(key, tid, work_entry_json(e)).ignore();
         }
         pipe.expire(key, PROCESS_TTL_SECS).ignore();
     }
@@ -135,12 +173,25 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
         )
         .ignore();
     }
+    // Queue latency, cheaply: the oldest job (right end, where BRPOP takes from) of each of
+    // our queues, one LINDEX each inside the same MULTI. Replies come back in order, before
+    // the signal.
+    let queues = rt.config.queues.names();
+    for q in &queues {
+        pipe.lindex(format!("queue:{q}"), -1);
+    }
     pipe.rpop(format!("{id}-signals"), None);
-    match pipe.query_async::<(Option<String>,)>(&mut conn).await {
-        Ok((signal,)) => {
+    match pipe.query_async::<Vec<Option<String>>>(&mut conn).await {
+        Ok(mut replies) => {
             rt.metrics
                 .last_redis_ok_ms
                 .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+            let signal = replies.pop().flatten();
+            let now = crate::payload::now_f64();
+            for (q, oldest) in queues.iter().zip(replies.iter()) {
+                rt.metrics
+                    .set_latency(q, latency_secs(oldest.as_deref(), now));
+            }
             Ok(signal)
         }
         Err(e) => {
@@ -180,4 +231,56 @@ pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
         rt.work.restore_counts(processed, failed);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enqueued_at_in_either_unit() {
+        assert_eq!(
+            enqueued_at_secs(r#"{"enqueued_at":1796095478.5}"#),
+            Some(1796095478.5)
+        );
+        assert_eq!(
+            enqueued_at_secs(r#"{"enqueued_at":1796095478500}"#),
+            Some(1796095478.5)
+        );
+        assert_eq!(
+            enqueued_at_secs(r#"{"enqueued_at":1796095478}"#),
+            Some(1796095478.0)
+        );
+        assert_eq!(enqueued_at_secs(r#"{"class":"X"}"#), None);
+        assert_eq!(enqueued_at_secs("not json"), None);
+    }
+
+    #[test]
+    fn work_entry_keeps_the_payload_string_and_adds_the_phase() {
+        let raw = r#"{"class":"X","args":[1.50,2e3],"jid":"abc"}"#;
+        let mut e = crate::work::WorkEntry {
+            queue: "default".into(),
+            payload: std::sync::Arc::from(raw),
+            run_at: 1796095478,
+            jid: "abc".into(),
+            class: "X".into(),
+            phase: None,
+            started: std::time::Instant::now(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&work_entry_json(&e)).unwrap();
+        assert_eq!(v["payload"].as_str(), Some(raw));
+        assert_eq!(v["run_at"].as_i64(), Some(1796095478));
+        assert_eq!(v["queue"], "default");
+        assert!(v.get("phase").is_none());
+        e.phase = Some("apply".into());
+        let v: serde_json::Value = serde_json::from_str(&work_entry_json(&e)).unwrap();
+        assert_eq!(v["phase"], "apply");
+    }
+
+    #[test]
+    fn latency_is_zero_for_empty_or_future() {
+        assert_eq!(latency_secs(None, 100.0), 0.0);
+        assert_eq!(latency_secs(Some(r#"{"enqueued_at":90.0}"#), 100.0), 10.0);
+        assert_eq!(latency_secs(Some(r#"{"enqueued_at":200.0}"#), 100.0), 0.0);
+    }
 }

@@ -1,13 +1,14 @@
 //! Prometheus counters kept in memory and served as text on `--metrics-addr` (`/metrics`),
 //! plus `/health`, which fails once Redis has been unreachable for longer than a beat.
-//! Reads no Redis keys itself: the heartbeat reports its own success here.
+//! Reads no Redis keys itself: the heartbeat reports its own success and the queue latencies
+//! (from `queue:<q>`) here, and attaches the slot table so busy slots are read live.
 
 use crate::handler::Outcome;
 use crate::retry::Decision;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock, Weak};
 
 /// Upper bounds (seconds) of the duration histograms.
 const BUCKETS: [f64; 12] = [
@@ -47,6 +48,70 @@ pub struct Metrics {
     pub last_redis_ok_ms: AtomicI64,
     fetched: AtomicU64,
     fetch_calls: AtomicU64,
+    /// The slot table, once the heartbeat attached it; `busy` is the fallback before that.
+    work: OnceLock<Weak<crate::work::WorkState>>,
+}
+
+/// Every family we export, with its type and help, so a dashboard sees them all from the first
+/// scrape, even before anything happened (lock and phase events come from other modules).
+const FAMILIES: [(&str, &str, &str); 10] = [
+    (
+        "playguard_jobs_processed_total",
+        "counter",
+        "Jobs that finished running (any outcome), by class and queue.",
+    ),
+    (
+        "playguard_jobs_failed_total",
+        "counter",
+        "Jobs that raised/failed, by class and queue.",
+    ),
+    (
+        "playguard_jobs_retried_total",
+        "counter",
+        "Failed jobs scheduled for a retry (retry set).",
+    ),
+    (
+        "playguard_jobs_dead_total",
+        "counter",
+        "Jobs moved to the dead set (morgue).",
+    ),
+    (
+        "playguard_jobs_discarded_total",
+        "counter",
+        "Failed jobs dropped (retry: false or dead: false).",
+    ),
+    (
+        "playguard_jobs_requeued_total",
+        "counter",
+        "Jobs interrupted by shutdown and pushed back to their queue.",
+    ),
+    (
+        "playguard_job_duration_seconds",
+        "histogram",
+        "Job run time, by class and queue.",
+    ),
+    (
+        "playguard_lock_events_total",
+        "counter",
+        "Token lock events by class: acquired, skipped, lost, released.",
+    ),
+    (
+        "playguard_phase_duration_seconds",
+        "histogram",
+        "Run time of each phase of phased jobs, by class and phase.",
+    ),
+    (
+        "playguard_queue_latency_seconds",
+        "gauge",
+        "Age of the oldest job in each queue we serve, as of the last heartbeat.",
+    ),
+];
+
+fn family(name: &str) -> Option<(&'static str, &'static str)> {
+    FAMILIES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, t, h)| (*t, *h))
 }
 
 impl Metrics {
@@ -120,6 +185,19 @@ impl Metrics {
         self.fetch_calls.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Read busy slots from the live slot table from now on (the heartbeat calls this).
+    pub fn attach_work(&self, work: &std::sync::Arc<crate::work::WorkState>) {
+        let _ = self.work.set(std::sync::Arc::downgrade(work));
+    }
+
+    /// Busy slots right now (as of the last beat until the slot table is attached).
+    pub fn busy_now(&self) -> i64 {
+        match self.work.get().and_then(Weak::upgrade) {
+            Some(w) => w.busy() as i64,
+            None => self.busy.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn set_latency(&self, queue: &str, secs: f64) {
         self.latency.lock().unwrap().insert(queue.to_string(), secs);
     }
@@ -133,66 +211,87 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let mut typed = std::collections::HashSet::new();
-        for ((name, labels), v) in self.counters.lock().unwrap().iter() {
-            if typed.insert(*name) {
-                let _ = writeln!(out, "# TYPE {name} counter");
+        let header = |out: &mut String, name: &str, kind: &str, help: &str| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+        };
+        let counters = self.counters.lock().unwrap();
+        let histograms = self.histograms.lock().unwrap();
+        // Families we know first (each once, its samples right under its header), then any
+        // family another module invented, with a bare TYPE line.
+        let mut names: Vec<(&str, &str, &str)> = FAMILIES.to_vec();
+        for (name, _) in counters.keys() {
+            if family(name).is_none() && !names.iter().any(|(n, _, _)| n == name) {
+                names.push((name, "counter", "playguard counter."));
             }
-            let _ = writeln!(out, "{name}{} {v}", fmt_labels(labels, None));
         }
-        for ((name, labels), h) in self.histograms.lock().unwrap().iter() {
-            if typed.insert(*name) {
-                let _ = writeln!(out, "# TYPE {name} histogram");
+        for (name, _) in histograms.keys() {
+            if family(name).is_none() && !names.iter().any(|(n, _, _)| n == name) {
+                names.push((name, "histogram", "playguard histogram."));
             }
-            for (i, b) in BUCKETS.iter().enumerate() {
+        }
+        for (fname, kind, help) in names {
+            header(&mut out, fname, kind, help);
+            if fname == "playguard_queue_latency_seconds" {
+                for (q, s) in self.latency.lock().unwrap().iter() {
+                    let _ = writeln!(out, "{fname}{{queue=\"{}\"}} {s}", escape(q));
+                }
+                continue;
+            }
+            for ((name, labels), v) in counters.iter().filter(|((n, _), _)| *n == fname) {
+                let _ = writeln!(out, "{name}{} {v}", fmt_labels(labels, None));
+            }
+            for ((name, labels), h) in histograms.iter().filter(|((n, _), _)| *n == fname) {
+                for (i, b) in BUCKETS.iter().enumerate() {
+                    let _ = writeln!(
+                        out,
+                        "{name}_bucket{} {}",
+                        fmt_labels(labels, Some(&b.to_string())),
+                        h.counts[i]
+                    );
+                }
                 let _ = writeln!(
                     out,
                     "{name}_bucket{} {}",
-                    fmt_labels(labels, Some(&b.to_string())),
-                    h.counts[i]
+                    fmt_labels(labels, Some("+Inf")),
+                    h.total
                 );
+                let _ = writeln!(out, "{name}_sum{} {}", fmt_labels(labels, None), h.sum);
+                let _ = writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), h.total);
             }
-            let _ = writeln!(
-                out,
-                "{name}_bucket{} {}",
-                fmt_labels(labels, Some("+Inf")),
-                h.total
-            );
-            let _ = writeln!(out, "{name}_sum{} {}", fmt_labels(labels, None), h.sum);
-            let _ = writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), h.total);
         }
-        let _ = writeln!(out, "# TYPE playguard_busy_slots gauge");
-        let _ = writeln!(
-            out,
-            "playguard_busy_slots {}",
-            self.busy.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(out, "# TYPE playguard_concurrency gauge");
-        let _ = writeln!(
-            out,
-            "playguard_concurrency {}",
-            self.concurrency.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(out, "# TYPE playguard_queue_latency_seconds gauge");
-        for (q, s) in self.latency.lock().unwrap().iter() {
-            let _ = writeln!(
-                out,
-                "playguard_queue_latency_seconds{{queue=\"{}\"}} {s}",
-                escape(q)
-            );
+        let gauges: [(&str, &str, i64); 2] = [
+            (
+                "playguard_busy_slots",
+                "Jobs running right now (the busy count the heartbeat publishes).",
+                self.busy_now(),
+            ),
+            (
+                "playguard_concurrency",
+                "Slots this process runs jobs in.",
+                self.concurrency.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, v) in gauges {
+            header(&mut out, name, "gauge", help);
+            let _ = writeln!(out, "{name} {v}");
         }
-        let _ = writeln!(out, "# TYPE playguard_fetched_jobs_total counter");
-        let _ = writeln!(
-            out,
-            "playguard_fetched_jobs_total {}",
-            self.fetched.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(out, "# TYPE playguard_fetch_calls_total counter");
-        let _ = writeln!(
-            out,
-            "playguard_fetch_calls_total {}",
-            self.fetch_calls.load(Ordering::Relaxed)
-        );
+        let fetch: [(&str, &str, u64); 2] = [
+            (
+                "playguard_fetched_jobs_total",
+                "Jobs taken from Redis queues.",
+                self.fetched.load(Ordering::Relaxed),
+            ),
+            (
+                "playguard_fetch_calls_total",
+                "Fetch round trips to Redis.",
+                self.fetch_calls.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, v) in fetch {
+            header(&mut out, name, "counter", help);
+            let _ = writeln!(out, "{name} {v}");
+        }
         out
     }
 }
@@ -234,20 +333,30 @@ pub async fn serve(
             };
             let metrics = metrics.clone();
             tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let n = match tokio::time::timeout(
-                    std::time::Duration::from_secs(5),
-                    sock.read(&mut buf),
-                )
-                .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
+                // Read until the end of the request head: a client may send it in pieces.
+                let mut buf = Vec::with_capacity(1024);
+                let head = async {
+                    let mut chunk = [0u8; 1024];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
                 };
-                let req = String::from_utf8_lossy(&buf[..n]);
+                if tokio::time::timeout(std::time::Duration::from_secs(5), head)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                let req = String::from_utf8_lossy(&buf);
                 let path = req.split_whitespace().nth(1).unwrap_or("/");
                 let (status, body, ctype) = match path {
                     "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
+                    // The last good beat is at most one interval plus that beat's own round
+                    // trip old while Redis answers; two intervals means at least one whole beat
+                    // went unanswered (a beat that hangs on a silent Redis counts too).
                     "/health" if metrics.healthy(beat_ms * 2) => {
                         ("200 OK", "ok\n".to_string(), "text/plain")
                     }
@@ -267,4 +376,32 @@ pub async fn serve(
         }
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_one_header_and_samples_follow_it() {
+        let m = Metrics::default();
+        m.job_finished("A", "default", &Outcome::Done, 0.02);
+        m.lock_event("A", "acquired");
+        m.set_latency("default", 1.5);
+        let text = m.render();
+        for (name, kind, _) in FAMILIES {
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} {kind}\n")).count(),
+                1,
+                "{name}\n{text}"
+            );
+        }
+        assert!(text.contains("playguard_jobs_processed_total{class=\"A\",queue=\"default\"} 1\n"));
+        assert!(text.contains("playguard_lock_events_total{class=\"A\",event=\"acquired\"} 1\n"));
+        assert!(text.contains("playguard_queue_latency_seconds{queue=\"default\"} 1.5\n"));
+        assert!(text.contains(
+            "playguard_job_duration_seconds_bucket{class=\"A\",queue=\"default\",le=\"0.025\"} 1\n"
+        ));
+        assert!(text.contains("playguard_busy_slots 0\n"));
+    }
 }

@@ -1,0 +1,276 @@
+//! The Prometheus endpoint on `--metrics-addr`: counters match the jobs run, queue latency reads
+//! `enqueued_at` in either unit, and /health fails while Redis does not answer. Needs no Ruby:
+//! jobs are pushed as the Sidekiq client writes them. Each test owns its redis-server.
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+use support::*;
+
+const BLOCK: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
+const OK: &str = "#!/bin/sh\nexit 0\n";
+const FAIL: &str = "#!/bin/sh\necho \"it broke\" >&2\nexit 1\n";
+
+fn project() -> Project {
+    let p = Project::new();
+    p.script("jobs/bin/block", BLOCK);
+    p.script("jobs/bin/ok", OK);
+    p.script("jobs/bin/fail", FAIL);
+    p.write(
+        "jobs/app.toml",
+        r#"
+[[job]]
+class = "BlockJob"
+run = ["jobs/bin/block"]
+[[job]]
+class = "OkJob"
+run = ["jobs/bin/ok"]
+[[job]]
+class = "FailJob"
+run = ["jobs/bin/fail"]
+"#,
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// Samples of a scrape, keyed by `name{labels}` exactly as written.
+fn scrape(port: u16) -> BTreeMap<String, f64> {
+    let (status, body) = get(port, "/metrics").expect("scrape /metrics");
+    assert_eq!(status, 200);
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+fn val(m: &BTreeMap<String, f64>, key: &str) -> f64 {
+    m.get(key).copied().unwrap_or(0.0)
+}
+
+/// Push a job the way Sidekiq 6.4.1's client writes it (float seconds), with a given enqueued_at.
+fn push(redis: &RedisServer, class: &str, queue: &str, retry: &str, enqueued_at: &str) -> String {
+    let jid = uuid::Uuid::new_v4().simple().to_string()[..24].to_string();
+    let job = format!(
+        r#"{{"retry":{retry},"queue":"{queue}","class":"{class}","args":[1],"jid":"{jid}","created_at":{enqueued_at},"enqueued_at":{enqueued_at}}}"#
+    );
+    let mut c = redis.conn();
+    let _: () = redis::pipe()
+        .atomic()
+        .sadd("queues", queue)
+        .ignore()
+        .lpush(format!("queue:{queue}"), job)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    jid
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[test]
+fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
+    let redis = RedisServer::start();
+    let p = project();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut w = Worker::start(
+        &redis,
+        p.path(),
+        &[
+            "-c",
+            "1",
+            "-q",
+            "critical",
+            "-q",
+            "default",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    wait_until("/health answers 200", Duration::from_secs(20), || {
+        get(port, "/health").map(|r| r.0) == Some(200)
+    });
+
+    // Hold the only slot, then queue jobs that wait behind it: one enqueued 100 s ago in float
+    // seconds (6.4/7.x), one 200 s ago in integer milliseconds (8.x).
+    push(
+        &redis,
+        "BlockJob",
+        "default",
+        "true",
+        &format!("{:.4}", now()),
+    );
+    wait_until("BlockJob running", Duration::from_secs(20), || {
+        val(&scrape(port), "playguard_busy_slots") == 1.0
+    });
+    push(
+        &redis,
+        "OkJob",
+        "default",
+        "true",
+        &format!("{:.4}", now() - 100.0),
+    );
+    let ms = ((now() - 200.0) * 1000.0) as i64;
+    push(&redis, "OkJob", "critical", "true", &ms.to_string());
+    wait_until(
+        "queue latency gauges at the next beat",
+        Duration::from_secs(20),
+        || {
+            let m = scrape(port);
+            let d = val(&m, "playguard_queue_latency_seconds{queue=\"default\"}");
+            let c = val(&m, "playguard_queue_latency_seconds{queue=\"critical\"}");
+            (100.0..150.0).contains(&d) && (200.0..250.0).contains(&c)
+        },
+    );
+
+    // Then a mix: 3 more successes, and failures that retry, die and are discarded.
+    for _ in 0..3 {
+        push(&redis, "OkJob", "default", "true", &format!("{:.4}", now()));
+    }
+    push(&redis, "FailJob", "default", "2", &format!("{:.4}", now()));
+    push(&redis, "FailJob", "default", "0", &format!("{:.4}", now()));
+    push(
+        &redis,
+        "FailJob",
+        "critical",
+        "false",
+        &format!("{:.4}", now()),
+    );
+    p.write("release", "");
+    let total = 1 + 2 + 3 + 3;
+    wait_until("all jobs ran", Duration::from_secs(60), || {
+        let m = scrape(port);
+        let done: f64 = m
+            .iter()
+            .filter(|(k, _)| k.starts_with("playguard_jobs_processed_total{"))
+            .map(|(_, v)| v)
+            .sum();
+        done == total as f64
+    });
+    let m = scrape(port);
+    let expect = [
+        (
+            "playguard_jobs_processed_total{class=\"BlockJob\",queue=\"default\"}",
+            1.0,
+        ),
+        (
+            "playguard_jobs_processed_total{class=\"OkJob\",queue=\"default\"}",
+            4.0,
+        ),
+        (
+            "playguard_jobs_processed_total{class=\"OkJob\",queue=\"critical\"}",
+            1.0,
+        ),
+        (
+            "playguard_jobs_processed_total{class=\"FailJob\",queue=\"default\"}",
+            2.0,
+        ),
+        (
+            "playguard_jobs_processed_total{class=\"FailJob\",queue=\"critical\"}",
+            1.0,
+        ),
+        (
+            "playguard_jobs_failed_total{class=\"FailJob\",queue=\"default\"}",
+            2.0,
+        ),
+        (
+            "playguard_jobs_failed_total{class=\"FailJob\",queue=\"critical\"}",
+            1.0,
+        ),
+        (
+            "playguard_jobs_retried_total{class=\"FailJob\",queue=\"default\"}",
+            1.0,
+        ),
+        (
+            "playguard_jobs_dead_total{class=\"FailJob\",queue=\"default\"}",
+            1.0,
+        ),
+        (
+            "playguard_jobs_discarded_total{class=\"FailJob\",queue=\"critical\"}",
+            1.0,
+        ),
+        (
+            "playguard_job_duration_seconds_count{class=\"OkJob\",queue=\"default\"}",
+            4.0,
+        ),
+        (
+            "playguard_job_duration_seconds_bucket{class=\"OkJob\",queue=\"default\",le=\"+Inf\"}",
+            4.0,
+        ),
+        ("playguard_busy_slots", 0.0),
+        ("playguard_concurrency", 1.0),
+    ];
+    for (k, v) in expect {
+        assert_eq!(val(&m, k), v, "{k}\n{m:#?}");
+    }
+    let failed: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("playguard_jobs_failed_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(failed, 3.0);
+    // Sidekiq's own counters (flushed by the beat) agree with the scrape.
+    wait_until("stat:processed flushed", Duration::from_secs(20), || {
+        let v: Option<i64> = redis::cmd("GET")
+            .arg("stat:processed")
+            .query(&mut redis.conn())
+            .unwrap();
+        v == Some(total)
+    });
+    let failed_stat: i64 = redis::cmd("GET")
+        .arg("stat:failed")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(failed_stat, 3);
+    // Empty queues read as zero latency at the next beat.
+    wait_until("latency back to 0", Duration::from_secs(20), || {
+        let m = scrape(port);
+        val(&m, "playguard_queue_latency_seconds{queue=\"default\"}") == 0.0
+            && val(&m, "playguard_queue_latency_seconds{queue=\"critical\"}") == 0.0
+    });
+
+    // A Redis that answers nothing fails /health after a beat or so, and it recovers.
+    redis.pause();
+    wait_until(
+        "/health 503 while Redis is paused",
+        Duration::from_secs(40),
+        || get(port, "/health").map(|r| r.0) == Some(503),
+    );
+    redis.resume();
+    wait_until("/health 200 again", Duration::from_secs(40), || {
+        get(port, "/health").map(|r| r.0) == Some(200)
+    });
+
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
