@@ -14,6 +14,7 @@ use std::sync::Arc;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Everything a running job may know about itself.
+#[derive(Clone)]
 pub struct JobContext {
     pub jid: String,
     /// The class dispatched on (ActiveJob's job_class for wrapper payloads).

@@ -128,18 +128,10 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     let busy = snapshot.len();
     rt.metrics.busy.store(busy as i64, Ordering::Relaxed);
     let (processed, failed) = rt.work.take_counts();
-    let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
 
     let mut pipe = redis::pipe();
     pipe.atomic();
-    for (name, n) in [("processed", processed), ("failed", failed)] {
-        if n > 0 {
-            pipe.incr(format!("stat:{name}"), n).ignore();
-            pipe.incr(format!("stat:{name}:{today}"), n).ignore();
-            pipe.expire(format!("stat:{name}:{today}"), STAT_TTL_SECS)
-                .ignore();
-        }
-    }
+    add_stat_deltas(&mut pipe, processed, failed);
     let work_keys = [format!("{id}:workers"), format!("{id}:work")];
     for key in &work_keys {
         pipe.cmd("UNLINK").arg(key).ignore();
@@ -201,14 +193,10 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     }
 }
 
-/// Clean stop: leave `processes` and drop the work hashes at once (the identity hash expires by
-/// itself, as in Sidekiq), flush the last counters.
-pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
-    let id = &rt.identity;
-    let (processed, failed) = rt.work.take_counts();
+/// INCRBY the lifetime and dated counters (dated keys kept 5 years), as Sidekiq 7 does:
+/// only when there is something to add.
+fn add_stat_deltas(pipe: &mut redis::Pipeline, processed: u64, failed: u64) {
     let today = chrono::Utc::now().format("%Y-%m-%d").to_string();
-    let mut pipe = redis::pipe();
-    pipe.atomic();
     for (name, n) in [("processed", processed), ("failed", failed)] {
         if n > 0 {
             pipe.incr(format!("stat:{name}"), n).ignore();
@@ -217,6 +205,16 @@ pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
                 .ignore();
         }
     }
+}
+
+/// Clean stop: leave `processes` and drop the work hashes at once (the identity hash expires by
+/// itself, as in Sidekiq), flush the last counters.
+pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
+    let id = &rt.identity;
+    let (processed, failed) = rt.work.take_counts();
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    add_stat_deltas(&mut pipe, processed, failed);
     pipe.srem("processes", id).ignore();
     pipe.cmd("UNLINK")
         .arg(format!("{id}:workers"))

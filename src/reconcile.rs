@@ -16,10 +16,7 @@ use crate::command_job::{exit_failure, job_env, LockEnv, TIMEOUT_ERROR};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::lock::{self, Lease};
 use crate::manifest::{render_template, JobSpec};
-use crate::redis_conn::Conn;
 use crate::retry::Failure;
-use crate::shutdown::Shutdown;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -28,26 +25,25 @@ use tracing::Instrument;
 /// error_class when the lock cannot even be attempted (Redis unreachable at acquire).
 pub const LOCK_ERROR: &str = "Playguard::LockError";
 
-/// What a phase is told about its run.
+/// What a phase is told about its run: the job's context plus the lease facts.
 #[derive(Clone)]
 pub struct PhaseContext {
-    pub jid: String,
-    pub class: String,
-    pub queue: String,
-    pub args: Vec<Value>,
-    pub retry_count: Option<i64>,
-    pub payload: Arc<str>,
+    pub job: JobContext,
     pub phase: String,
     pub lock_key: String,
     /// The fencing token: pass it to every downstream write (see lock.rs).
     pub fence: i64,
     /// The lease's local deadline: the phase must be done by then.
     pub lease_deadline: Instant,
-    /// This phase's own timeout, if any (already folded into `stop_at`).
+    /// When this phase must stop: the lease deadline or, earlier, its own timeout.
     pub stop_at: Instant,
-    pub shutdown: Shutdown,
-    pub redis: Conn,
-    pub metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl std::ops::Deref for PhaseContext {
+    type Target = JobContext;
+    fn deref(&self) -> &JobContext {
+        &self.job
+    }
 }
 
 /// Why a phase was stopped from outside.
@@ -127,20 +123,8 @@ impl Phase for CommandPhase {
     fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
         let argv = self.argv.clone();
         Box::pin(async move {
-            let job = JobContext {
-                jid: ctx.jid.clone(),
-                class: ctx.class.clone(),
-                queue: ctx.queue.clone(),
-                args: ctx.args.clone(),
-                retry_count: ctx.retry_count,
-                payload: ctx.payload.clone(),
-                shutdown: ctx.shutdown.clone(),
-                redis: ctx.redis.clone(),
-                metrics: ctx.metrics.clone(),
-                slot: None,
-            };
             let env = job_env(
-                &job,
+                &ctx.job,
                 Some(&ctx.phase),
                 Some(LockEnv {
                     key: &ctx.lock_key,
@@ -361,21 +345,15 @@ async fn run_cycle(
         };
         ctx.set_phase(Some(&name));
         tracing::info!(phase = %name, step = i + 1, of = phases.len(), fence, "phase start");
+        let mut job = ctx.clone();
+        job.slot = None;
         let pctx = PhaseContext {
-            jid: ctx.jid.clone(),
-            class: ctx.class.clone(),
-            queue: ctx.queue.clone(),
-            args: ctx.args.clone(),
-            retry_count: ctx.retry_count,
-            payload: ctx.payload.clone(),
+            job,
             phase: name.clone(),
             lock_key: key.clone(),
             fence,
             lease_deadline,
             stop_at,
-            shutdown: ctx.shutdown.clone(),
-            redis: ctx.redis.clone(),
-            metrics: ctx.metrics.clone(),
         };
         // Phase output lines carry the jid (job span), the guarded thing and the phase.
         let span = tracing::info_span!("phase", lock = %label, phase = %name);
