@@ -4,8 +4,6 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 use support::*;
 
@@ -33,39 +31,6 @@ run = ["jobs/bin/fail"]
 "#,
     );
     p
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
-}
-
-/// Samples of a scrape, keyed by `name{labels}` exactly as written.
-fn scrape(port: u16) -> BTreeMap<String, f64> {
-    let (status, body) = get(port, "/metrics").expect("scrape /metrics");
-    assert_eq!(status, 200);
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').unwrap();
-            (k.to_string(), v.parse().unwrap())
-        })
-        .collect()
 }
 
 fn val(m: &BTreeMap<String, f64>, key: &str) -> f64 {
@@ -118,7 +83,7 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
         ],
     );
     wait_until("/health answers 200", Duration::from_secs(20), || {
-        get(port, "/health").map(|r| r.0) == Some(200)
+        http_get(port, "/health").map(|r| r.0) == Some(200)
     });
 
     // Hold the only slot, then queue jobs that wait behind it: one enqueued 100 s ago in float
@@ -264,11 +229,11 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
     wait_until(
         "/health 503 while Redis is paused",
         Duration::from_secs(40),
-        || get(port, "/health").map(|r| r.0) == Some(503),
+        || http_get(port, "/health").map(|r| r.0) == Some(503),
     );
     redis.resume();
     wait_until("/health 200 again", Duration::from_secs(40), || {
-        get(port, "/health").map(|r| r.0) == Some(200)
+        http_get(port, "/health").map(|r| r.0) == Some(200)
     });
 
     w.signal("TERM");
