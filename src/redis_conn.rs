@@ -14,9 +14,36 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Open a client for `url` (`redis://`, `rediss://`, user:password@, `/db`).
+/// PEM file of the CA that signed the Redis server's certificate, for `rediss://` URLs whose
+/// server is not signed by a public root (public roots are built in).
+pub const CA_ENV: &str = "PLAYGUARD_REDIS_CA";
+
+/// Open a client for `url` (`redis://`, `rediss://`, user:password@, `/db`). `rediss://` checks
+/// the server against public roots, or the CA in `$PLAYGUARD_REDIS_CA`; a URL ending in
+/// `#insecure` skips verification (as Heroku-style Redis needs, like Sidekiq's
+/// `verify_mode: VERIFY_NONE`).
 pub fn client(url: &str) -> RedisResult<Client> {
-    Client::open(url)
+    // rustls needs a process-wide crypto provider; a second install is a harmless no-op.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match std::env::var_os(CA_ENV) {
+        Some(path) if url.starts_with("rediss://") => {
+            let root = std::fs::read(&path).map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "cannot read the CA file named by PLAYGUARD_REDIS_CA",
+                    format!("{}: {e}", std::path::Path::new(&path).display()),
+                ))
+            })?;
+            Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                },
+            )
+        }
+        _ => Client::open(url),
+    }
 }
 
 /// The shared connection: pipelined, every reply bounded by `response_timeout`, reconnecting in
