@@ -35,7 +35,7 @@ WORKERS = {
 
 def spawn_worker(kind, tag)
   log = File.join(OUT, "#{kind}-#{tag}.log")
-  env = { 'REDIS_URL' => URL, 'RUST_LOG' => 'info' }
+  env = { 'REDIS_URL' => URL, 'RUST_LOG' => ENV.fetch('PG_LOG', 'info') }
   Process.spawn(env, *WORKERS.fetch(kind).call(log), out: log, err: [:child, :out], chdir: OUT,
                 pgroup: true)
 end

@@ -11,7 +11,7 @@ cd "$root"
 if [ -z "${SKIP_BUILD:-}" ]; then
   cargo build --release --example bench_worker
 fi
-bin="$root/target/release/examples/bench_worker"
+bin="${PG_BIN:-$root/target/release/examples/bench_worker}"
 [ -x "$bin" ] || { echo "missing $bin" >&2; exit 1; }
 
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
