@@ -7,7 +7,7 @@ require 'redis'
 
 URL = ENV.fetch('REDIS_URL')
 N = Integer(ENV.fetch('BENCH_JOBS', '100000'))
-PG_CONC = Integer(ENV.fetch('PG_CONCURRENCY', '25'))
+PG_CONC = Integer(ENV.fetch('PG_CONCURRENCY', '50'))
 LAT_SAMPLES = Integer(ENV.fetch('LAT_SAMPLES', '300'))
 IDLE_SECS = Float(ENV.fetch('IDLE_SECS', '10'))
 BIN = ENV.fetch('PG_BIN')
@@ -31,11 +31,13 @@ WORKERS = {
   'ruby' => ->(log) { ['sidekiq', '-r', File.join(HERE, 'ruby_jobs.rb'), '-c', '10', '-q', 'bench', '-e', 'production'] },
   'reliable' => ->(log) { [BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', 'reliable'] },
   'basic' => ->(log) { [BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', 'basic'] },
+  # Same as 'reliable' with per-job start/done log lines off (RUST_LOG=warn).
+  'reliable-quiet' => ->(log) { [BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', 'reliable'] },
 }.freeze
 
 def spawn_worker(kind, tag)
   log = File.join(OUT, "#{kind}-#{tag}.log")
-  env = { 'REDIS_URL' => URL, 'RUST_LOG' => ENV.fetch('PG_LOG', 'info') }
+  env = { 'REDIS_URL' => URL, 'RUST_LOG' => kind == 'reliable-quiet' ? 'warn' : ENV.fetch('PG_LOG', 'info') }
   Process.spawn(env, *WORKERS.fetch(kind).call(log), out: log, err: [:child, :out], chdir: OUT,
                 pgroup: true)
 end
@@ -120,7 +122,7 @@ def idle(kind)
     p99_ms: percentile(lat, 0.99) / 1000.0, max_ms: lat.last / 1000.0, shutdown_ms: shutdown * 1000 }
 end
 
-kinds = (ENV['BENCH_KINDS'] || 'ruby,reliable,basic').split(',')
+kinds = (ENV['BENCH_KINDS'] || 'ruby,reliable,basic,reliable-quiet').split(',')
 results = {}
 kinds.each do |k|
   warn "== #{k}: throughput (#{N} no-op jobs)"
@@ -134,7 +136,8 @@ end
 base = results['ruby'] && results['ruby'][:rate]
 names = { 'ruby' => 'Ruby Sidekiq 6.4.1, -c 10 (BRPOP)',
           'reliable' => "playguard --fetch reliable, -c #{PG_CONC}",
-          'basic' => "playguard --fetch basic, -c #{PG_CONC}" }
+          'basic' => "playguard --fetch basic, -c #{PG_CONC}",
+          'reliable-quiet' => "playguard --fetch reliable, -c #{PG_CONC}, RUST_LOG=warn" }
 lines = []
 lines << "| worker | jobs/s (first pop → drained) | × Ruby | jobs/s incl. start-up | idle pick-up p50 / p99 / max (ms) | idle Redis cmds/s | idle SIGTERM → exit (ms) |"
 lines << '|---|---:|---:|---:|---:|---:|---:|'

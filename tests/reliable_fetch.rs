@@ -64,7 +64,10 @@ fn in_working_lists(redis: &RedisServer) -> usize {
 }
 
 fn llen(redis: &RedisServer, key: &str) -> usize {
-    redis::cmd("LLEN").arg(key).query(&mut redis.conn()).unwrap()
+    redis::cmd("LLEN")
+        .arg(key)
+        .query(&mut redis.conn())
+        .unwrap()
 }
 
 #[test]
@@ -182,7 +185,11 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
         .map(|l| l.parse().unwrap())
         .collect();
     assert_eq!(ppids.len(), 3, "the job ran three times: {ppids:?}");
-    assert_eq!(ppids, started[..3], "each run was a child of the worker it killed");
+    assert_eq!(
+        ppids,
+        started[..3],
+        "each run was a child of the worker it killed"
+    );
     let d = dead(&redis);
     assert_eq!(d.len(), 1);
     let entry: Value = serde_json::from_str(&d[0]).unwrap();
