@@ -1,0 +1,364 @@
+//! Reliable fetch with the real binary (issue 7): SIGKILL loses no job, a job that keeps killing
+//! its worker ends in `dead` as a poison pill, SIGTERM hands the running job back exactly once,
+//! Ruby Sidekiq 6.4.1 and playguard share a queue, and `--fetch basic` stays plain BRPOP.
+//! Each test owns its redis-server; waits are conditions with deadlines, never timings.
+mod support;
+
+use rand::Rng;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::*;
+
+/// A Sidekiq-shaped payload as the Ruby client writes it.
+fn payload(class: &str, args: Value) -> (String, String) {
+    let bytes: [u8; 12] = rand::random();
+    let jid: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let p = json!({"retry": true, "queue": "default", "class": class, "args": args,
+        "jid": jid, "created_at": now, "enqueued_at": now});
+    (jid, p.to_string())
+}
+
+/// LPUSH jobs onto queue:default, as `push_bulk` does; returns (jid, payload) in push order.
+fn push(redis: &RedisServer, class: &str, n: usize) -> Vec<(String, String)> {
+    let jobs: Vec<(String, String)> = (0..n).map(|i| payload(class, json!([i]))).collect();
+    let mut c = redis.conn();
+    let raws: Vec<&String> = jobs.iter().map(|(_, p)| p).collect();
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("queues")
+        .arg("default")
+        .ignore()
+        .cmd("LPUSH")
+        .arg("queue:default")
+        .arg(raws)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    jobs
+}
+
+fn lines(p: &Project, file: &str) -> Vec<String> {
+    std::fs::read_to_string(p.path().join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Total length of every playguard working list.
+fn in_working_lists(redis: &RedisServer) -> usize {
+    let mut c = redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("playguard:working:*")
+        .query(&mut c)
+        .unwrap();
+    keys.iter()
+        .map(|k| redis::cmd("LLEN").arg(k).query::<usize>(&mut c).unwrap())
+        .sum()
+}
+
+fn llen(redis: &RedisServer, key: &str) -> usize {
+    redis::cmd("LLEN")
+        .arg(key)
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+#[test]
+fn sigkill_three_times_loses_no_job() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    // Recorded when the job finishes, so a run cut short by the kill does not count as a run.
+    p.script(
+        "jobs/bin/work",
+        "#!/bin/sh\nsleep 0.02\necho \"$PLAYGUARD_JID\" >> ledger.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"WorkJob\"\nrun = [\"jobs/bin/work\"]\n",
+    );
+    let jobs = push(&redis, "WorkJob", 300);
+    let all: HashSet<String> = jobs.iter().map(|(j, _)| j.clone()).collect();
+    let done = |p: &Project| -> HashSet<String> { lines(p, "ledger.txt").into_iter().collect() };
+
+    let mut rng = rand::rng();
+    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    // Kill at random points of progress, each a little later than the last.
+    for round in 0..3 {
+        let target = rng.random_range(round * 60 + 10..round * 60 + 70);
+        wait_until(
+            &format!("{target} jobs finished before kill {}", round + 1),
+            Duration::from_secs(60),
+            || lines(&p, "ledger.txt").len() >= target,
+        );
+        // Land anywhere inside a job, not just on a boundary.
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..25)));
+        let in_flight = in_working_lists(&redis);
+        w.kill9();
+        eprintln!(
+            "kill {}: after {} finished runs, {in_flight} job(s) in working lists",
+            round + 1,
+            lines(&p, "ledger.txt").len()
+        );
+        w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    }
+    wait_until(
+        "every jid ran at least once",
+        Duration::from_secs(90),
+        || done(&p).is_superset(&all),
+    );
+    wait_until(
+        "queue and working lists empty",
+        Duration::from_secs(30),
+        || llen(&redis, "queue:default") == 0 && in_working_lists(&redis) == 0,
+    );
+    let runs = lines(&p, "ledger.txt");
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for j in &runs {
+        *counts.entry(j.as_str()).or_default() += 1;
+    }
+    let dups: Vec<(&&str, &usize)> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    eprintln!(
+        "300 jobs, 3 SIGKILLs: {} runs, {} distinct jids, {} jid(s) ran more than once ({} extra runs)",
+        runs.len(),
+        counts.len(),
+        dups.len(),
+        runs.len() - counts.len()
+    );
+    assert!(counts.keys().all(|j| all.contains(*j)), "only our jids ran");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    // Commands run in their own process group but are direct children of the worker: only
+    // kill the parent when it really is playguard.
+    p.script(
+        "jobs/bin/killer",
+        "#!/bin/sh\necho \"$PPID\" >> ppids.txt\n\
+         if [ \"$(cat /proc/$PPID/comm)\" = playguard ]; then kill -9 \"$PPID\"; fi\nsleep 30\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"KillerJob\"\nrun = [\"jobs/bin/killer\"]\n",
+    );
+    let jobs = push(&redis, "KillerJob", 1);
+    let jid = jobs[0].0.clone();
+    let mut started: Vec<i32> = Vec::new();
+    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    started.push(w.pid());
+    let dead = |redis: &RedisServer| -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg("dead")
+            .arg(0)
+            .arg(-1)
+            .query(&mut redis.conn())
+            .unwrap()
+    };
+    wait_until(
+        "the job is in the dead set",
+        Duration::from_secs(90),
+        || {
+            if let Ok(Some(status)) = w.child.try_wait() {
+                assert!(
+                    status.code().is_none(),
+                    "worker exited by itself: {status}\n{}",
+                    w.output()
+                );
+                w = Worker::start(&redis, p.path(), &["-c", "2"]);
+                started.push(w.pid());
+            }
+            !dead(&redis).is_empty()
+        },
+    );
+    let ppids: Vec<i32> = lines(&p, "ppids.txt")
+        .iter()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(ppids.len(), 3, "the job ran three times: {ppids:?}");
+    assert_eq!(
+        ppids,
+        started[..3],
+        "each run was a child of the worker it killed"
+    );
+    let d = dead(&redis);
+    assert_eq!(d.len(), 1);
+    let entry: Value = serde_json::from_str(&d[0]).unwrap();
+    assert_eq!(entry["jid"], jid.as_str());
+    assert_eq!(entry["error_class"], "Playguard::PoisonPill");
+    let msg = entry["error_message"].as_str().unwrap();
+    assert!(msg.contains("recovered 3 times"), "{msg}");
+    eprintln!("dead entry: {msg}");
+    assert_eq!(llen(&redis, "queue:default"), 0);
+    assert_eq!(in_working_lists(&redis), 0);
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn sigterm_puts_the_running_job_back_once() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/slow",
+        "#!/bin/sh\necho started >> started.txt\nexec sleep 60\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"SlowJob\"\nrun = [\"jobs/bin/slow\"]\n",
+    );
+    let mut w = Worker::start(&redis, p.path(), &["-c", "3", "-t", "1"]);
+    let jobs = push(&redis, "SlowJob", 1);
+    wait_until("the job started", Duration::from_secs(30), || {
+        !lines(&p, "started.txt").is_empty()
+    });
+    assert_eq!(in_working_lists(&redis), 1, "held in the working list");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    let queued: Vec<String> = redis::cmd("LRANGE")
+        .arg("queue:default")
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(queued, vec![jobs[0].1.clone()], "back once, byte for byte");
+    assert_eq!(in_working_lists(&redis), 0, "working list empty");
+}
+
+/// A Ruby Sidekiq 6.4.1 process started from the CLI, stopped on drop.
+struct RubySidekiq(Child);
+
+impl Drop for RubySidekiq {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn ruby_sidekiq_and_playguard_share_a_queue() {
+    if !ruby_available() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.write(
+        "ruby_job.rb",
+        "require 'sidekiq'\nclass MixedJob\n  include Sidekiq::Worker\n  def perform(_i)\n    \
+         sleep 0.02\n    File.open(ENV.fetch('LEDGER'), 'a') { |f| f.puts(\"ruby #{jid}\") }\n  \
+         end\nend\n",
+    );
+    p.script(
+        "jobs/bin/mixed",
+        "#!/bin/sh\nsleep 0.02\necho \"pg $PLAYGUARD_JID\" >> pg.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"MixedJob\"\nrun = [\"jobs/bin/mixed\"]\n",
+    );
+    let mut ruby_proc = RubySidekiq(
+        Command::new("sidekiq")
+            .args(["-r", "./ruby_job.rb", "-c", "5", "-q", "default"])
+            .current_dir(p.path())
+            .env("REDIS_URL", redis.url())
+            .env("LEDGER", p.path().join("ruby.txt"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the sidekiq CLI"),
+    );
+    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    // Both are fetching once both are registered (the Ruby heartbeat runs after boot).
+    wait_until("both processes registered", Duration::from_secs(60), || {
+        redis::cmd("SCARD")
+            .arg("processes")
+            .query::<usize>(&mut redis.conn())
+            .unwrap()
+            >= 2
+    });
+    let sent = ruby(
+        &redis,
+        "puts Sidekiq::Client.push_bulk('class' => 'MixedJob', 'args' => (1..400).map { |i| [i] }).join(' ')",
+    );
+    let sent: HashSet<String> = sent.split_whitespace().map(str::to_string).collect();
+    assert_eq!(sent.len(), 400);
+    let runs = |p: &Project| -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        for f in ["ruby.txt", "pg.txt"] {
+            for l in lines(p, f) {
+                let (who, jid) = l.split_once(' ').unwrap();
+                v.push((who.to_string(), jid.to_string()));
+            }
+        }
+        v
+    };
+    wait_until("all 400 jobs ran", Duration::from_secs(90), || {
+        runs(&p).len() >= 400
+    });
+    wait_until(
+        "queue and working lists empty",
+        Duration::from_secs(30),
+        || llen(&redis, "queue:default") == 0 && in_working_lists(&redis) == 0,
+    );
+    let all = runs(&p);
+    let by_ruby = all.iter().filter(|(w, _)| w == "ruby").count();
+    eprintln!(
+        "mixed fleet: ruby ran {by_ruby}, playguard ran {}",
+        all.len() - by_ruby
+    );
+    let jids: HashSet<&String> = all.iter().map(|(_, j)| j).collect();
+    assert_eq!(all.len(), 400, "no job ran twice");
+    assert_eq!(jids.len(), 400);
+    assert!(jids.iter().all(|j| sent.contains(*j)));
+    assert!(by_ruby > 0 && by_ruby < 400, "both processes took work");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    signal(ruby_proc.0.id() as i32, "TERM");
+    wait_until("ruby sidekiq exited", Duration::from_secs(40), || {
+        ruby_proc.0.try_wait().unwrap().is_some()
+    });
+}
+
+#[test]
+fn basic_fetch_is_plain_brpop() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/rec",
+        "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut redis.conn())
+        .unwrap();
+    let mut w = Worker::start(&redis, p.path(), &["-c", "3", "--fetch", "basic"]);
+    push(&redis, "RecJob", 20);
+    wait_until("20 jobs ran", Duration::from_secs(30), || {
+        lines(&p, "ledger.txt").len() >= 20
+    });
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(stats.contains("cmdstat_brpop:"), "{stats}");
+    assert!(!stats.contains("cmdstat_blmove:"), "{stats}");
+    assert!(!stats.contains("cmdstat_lrem:"), "no acks: {stats}");
+    assert_eq!(in_working_lists(&redis), 0);
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    assert_eq!(lines(&p, "ledger.txt").len(), 20);
+}
