@@ -217,7 +217,7 @@ fn run(a: RunArgs, registry: Registry) -> i32 {
             return 2;
         }
     };
-    crate::logging::init(json);
+    let _log_guard = crate::logging::init(json);
     use tracing::Instrument;
     let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
     match runtime().block_on(fut) {

@@ -78,7 +78,23 @@ type Delivery = Option<Fetched>;
 struct Blocker {
     arm: Arc<Notify>,
     client_id: Arc<std::sync::atomic::AtomicI64>,
+    /// Armed and not yet delivered: arming it again would take a second job.
+    busy: Arc<std::sync::atomic::AtomicBool>,
 }
+
+impl Blocker {
+    /// Arm it unless it is already waiting; returns whether it was armed now.
+    fn arm(&self) -> bool {
+        let was = self.busy.swap(true, std::sync::atomic::Ordering::SeqCst);
+        if !was {
+            self.arm.notify_one();
+        }
+        !was
+    }
+}
+
+/// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
+const MAX_BRPOP_CONNECTIONS: usize = 64;
 
 enum BlockCmd {
     /// BRPOP over all queues in order (basic fetch).
@@ -95,9 +111,11 @@ fn spawn_blocker(
 ) -> Blocker {
     let arm = Arc::new(Notify::new());
     let client_id = Arc::new(std::sync::atomic::AtomicI64::new(-1));
+    let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let b = Blocker {
         arm: arm.clone(),
         client_id: client_id.clone(),
+        busy: busy.clone(),
     };
     set.spawn(tracing::Instrument::instrument(async move {
         let mut conn: Option<redis::aio::MultiplexedConnection> = None;
@@ -119,6 +137,7 @@ fn spawn_blocker(
                     Err(e) => {
                         tracing::warn!(error = %e, "fetch: cannot connect to Redis; retrying in 1s");
                         tokio::time::sleep(ERROR_PAUSE).await;
+                        busy.store(false, std::sync::atomic::Ordering::SeqCst);
                         let _ = tx.send(None);
                         continue;
                     }
@@ -158,6 +177,7 @@ fn spawn_blocker(
             };
             match res {
                 Ok(d) => {
+                    busy.store(false, std::sync::atomic::Ordering::SeqCst);
                     let _ = tx.send(d);
                 }
                 Err(e) => {
@@ -165,6 +185,7 @@ fn spawn_blocker(
                     conn = None;
                     client_id.store(-1, std::sync::atomic::Ordering::SeqCst);
                     tokio::time::sleep(ERROR_PAUSE).await;
+                    busy.store(false, std::sync::atomic::Ordering::SeqCst);
                     let _ = tx.send(None);
                 }
             }
@@ -235,12 +256,9 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
             })
             .collect()
     } else {
-        vec![spawn_blocker(
-            rt.clone(),
-            BlockCmd::Brpop,
-            tx.clone(),
-            &mut blocker_tasks,
-        )]
+        (0..rt.config.concurrency.min(MAX_BRPOP_CONNECTIONS))
+            .map(|_| spawn_blocker(rt.clone(), BlockCmd::Brpop, tx.clone(), &mut blocker_tasks))
+            .collect()
     };
     drop(tx);
     let mut pending: Vec<Fetched> = Vec::new();
@@ -286,16 +304,28 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
                 }
             }
         }
-        // Nothing ready: block until something arrives (or quiet).
+        // Nothing ready: block until something arrives (or quiet). Reliable: one BLMOVE per
+        // queue. Basic: one BRPOP per free slot.
+        let want = if rt.reliable() { blockers.len() } else { free };
+        let mut armed = blockers
+            .iter()
+            .filter(|b| b.busy.load(std::sync::atomic::Ordering::SeqCst))
+            .count();
         for b in &blockers {
-            b.arm.notify_one();
+            if armed >= want {
+                break;
+            }
+            if b.arm() {
+                armed += 1;
+            }
         }
         tokio::select! {
             d = rx.recv() => match d {
                 Some(Some(f)) => {
                     pending.push(f);
-                    // Stop the other waiters; whatever they already moved is delivered too.
-                    if blockers.len() > 1 {
+                    // Reliable: stop the other queues' waiters; whatever they already moved is
+                    // delivered too. (Basic BRPOPs each wait for a slot of their own.)
+                    if rt.reliable() && blockers.len() > 1 {
                         unblock(&rt, &blockers).await;
                     }
                 }

@@ -155,6 +155,7 @@ pub async fn run_with(
         .await
         .map_err(redis_err)?;
 
+    let acker = crate::acker::Acker::start(conn.clone());
     let rt = Arc::new(Runtime {
         client,
         conn,
@@ -163,6 +164,7 @@ pub async fn run_with(
         work: WorkState::new(),
         shutdown,
         metrics: Arc::new(crate::metrics::Metrics::default()),
+        acker,
         config,
     });
     rt.metrics.concurrency.store(
@@ -226,6 +228,7 @@ pub async fn run_with(
         tracing::error!("some jobs did not finish after the deadline; exiting anyway");
     }
     while side.join_next().await.is_some() {}
+    rt.acker.flush_and_stop().await;
     if rt.reliable() {
         match sweeper::drain_own(&rt).await {
             Ok(0) => {}

@@ -4,6 +4,7 @@
 //! keys (`queue:<q>`, `schedule`, `retry`, `dead`, `processes`, `stat:*`), runs Rust handlers or
 //! manifest command jobs, and retries them the way Sidekiq's `job_retry.rb` does.
 
+pub mod acker;
 pub mod cli;
 pub mod command;
 pub mod command_job;

@@ -3,13 +3,23 @@
 
 use tracing_subscriber::EnvFilter;
 
-pub fn init(json: bool) {
+/// Install the subscriber. Keep the returned guard alive until exit: dropping it flushes the
+/// lines still queued for the writer thread.
+pub fn init(json: bool) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // The writer thread flushes whenever its queue runs dry, so lines still appear at once
+    // when idle. Not lossy: a full queue makes the logger wait rather than drop lines.
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::BufWriter::with_capacity(
+            64 * 1024,
+            std::io::stdout(),
+        ));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
         // The default timer prints RFC 3339 in UTC.
-        .with_writer(std::io::stdout);
+        .with_writer(writer);
     let r = if json {
         builder
             .json()
@@ -20,6 +30,7 @@ pub fn init(json: bool) {
         builder.with_ansi(false).try_init()
     };
     let _ = r;
+    guard
 }
 
 static ROOT: std::sync::OnceLock<tracing::Span> = std::sync::OnceLock::new();

@@ -7,6 +7,7 @@ use crate::payload::Job;
 use crate::retry::{self, Decision, Failure};
 use crate::runtime::{Fetched, Runtime};
 use crate::work::WorkEntry;
+use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
@@ -62,25 +63,26 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                 metrics: rt.metrics.clone(),
                 slot: Some(slot.clone()),
             };
-            // Run the handler on its own task so a panic is contained. At the hard deadline a
-            // Rust handler is abandoned; command and phased jobs stop their process groups
-            // first and report Requeue themselves (within the kill grace).
-            let stops_itself = h.stops_itself();
-            let mut task = tokio::spawn(h.perform(ctx).in_current_span());
-            let joined = |r: Result<Outcome, tokio::task::JoinError>| match r {
+            // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
+            // deadline a Rust handler is abandoned (its future dropped); command and phased
+            // jobs stop their process groups first and report Requeue themselves, within the
+            // kill grace. No task of its own: one spawn per job is enough.
+            let grace = if h.stops_itself() {
+                crate::command::KILL_GRACE * 2
+            } else {
+                std::time::Duration::ZERO
+            };
+            let mut run = std::panic::AssertUnwindSafe(h.perform(ctx)).catch_unwind();
+            let caught = |r: std::thread::Result<Outcome>| match r {
                 Ok(o) => o,
-                Err(e) if e.is_panic() => {
-                    Outcome::Failed(Failure::new("Playguard::Panic", panic_message(e)))
-                }
-                Err(_) => Outcome::Requeue,
+                Err(p) => Outcome::Failed(Failure::new("Playguard::Panic", panic_message(p))),
             };
             tokio::select! {
-                r = &mut task => joined(r),
+                r = &mut run => caught(r),
                 _ = rt.shutdown.hard_deadline() => {
-                    let grace = if stops_itself { crate::command::KILL_GRACE * 2 } else { std::time::Duration::ZERO };
-                    match tokio::time::timeout(grace, &mut task).await {
-                        Ok(r) => joined(r),
-                        Err(_) => { task.abort(); Outcome::Requeue }
+                    match tokio::time::timeout(grace, &mut run).await {
+                        Ok(r) => caught(r),
+                        Err(_) => Outcome::Requeue,
                     }
                 }
             }
@@ -93,9 +95,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
         Outcome::Done => {
             rt.work.count(false);
             tracing::info!(elapsed_ms = format!("{ms:.1}"), "done");
-            let mut pipe = redis::pipe();
-            rt.add_ack(&mut pipe, &f);
-            write(rt, pipe, &f).await;
+            rt.ack_done(&f);
         }
         Outcome::Failed(failure) => {
             rt.work.count(true);
@@ -153,8 +153,7 @@ async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str) {
     write(rt, pipe, f).await;
 }
 
-fn panic_message(e: tokio::task::JoinError) -> String {
-    let p = e.into_panic();
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         format!("panic: {s}")
     } else if let Some(s) = p.downcast_ref::<String>() {

@@ -25,6 +25,7 @@ pub struct Runtime {
     pub work: Arc<WorkState>,
     pub shutdown: Shutdown,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub acker: crate::acker::Acker,
 }
 
 static REQUEUE: std::sync::LazyLock<redis::Script> =
@@ -41,6 +42,13 @@ impl Runtime {
 
     pub fn working_key(&self, queue: &str) -> String {
         working_key(&self.identity, queue)
+    }
+
+    /// Acknowledge a job that finished successfully: batched, off the job's path.
+    pub fn ack_done(&self, f: &Fetched) {
+        if self.reliable() {
+            self.acker.ack(self.working_key(&f.queue), f.raw.clone());
+        }
     }
 
     /// Add the acknowledgement of a finished job to a pipeline (basic fetch has none).
