@@ -262,6 +262,7 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
     };
     drop(tx);
     let mut pending: Vec<Fetched> = Vec::new();
+    let mut idle = false;
     'outer: loop {
         // Start whatever we hold, as slots allow.
         while let Some(f) = pending.pop() {
@@ -284,6 +285,7 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
             pending.extend(d);
         }
         if !pending.is_empty() {
+            idle = false;
             continue;
         }
         if rt.reliable() {
@@ -306,7 +308,15 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
         }
         // Nothing ready: block until something arrives (or quiet). Reliable: one BLMOVE per
         // queue. Basic: one BRPOP per free slot.
-        let want = if rt.reliable() { blockers.len() } else { free };
+        // After a round that timed out (queues idle), basic fetch keeps one BRPOP waiting
+        // rather than one per slot, so an idle process costs 0.5 commands/s, not 0.5 x -c.
+        let want = if rt.reliable() {
+            blockers.len()
+        } else if idle {
+            1
+        } else {
+            free
+        };
         let mut armed = blockers
             .iter()
             .filter(|b| b.busy.load(std::sync::atomic::Ordering::SeqCst))
@@ -322,6 +332,7 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
         tokio::select! {
             d = rx.recv() => match d {
                 Some(Some(f)) => {
+                    idle = false;
                     pending.push(f);
                     // Reliable: stop the other queues' waiters; whatever they already moved is
                     // delivered too. (Basic BRPOPs each wait for a slot of their own.)
@@ -329,7 +340,7 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
                         unblock(&rt, &blockers).await;
                     }
                 }
-                Some(None) => {}
+                Some(None) => idle = true,
                 None => break,
             },
             _ = rt.shutdown.quieted() => break,
