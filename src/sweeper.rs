@@ -2,7 +2,8 @@
 //! `playguard:fetchers` and keep `playguard:alive:<identity>` fresh; a process whose alive key
 //! has lapsed (or, on this host, whose pid is gone) is dead, and its
 //! `playguard:working:<identity>:<q>` lists go back to the heads of `queue:<q>`. One sweep at
-//! a time across the fleet (`playguard:sweep` lease); a process never sweeps its own lists.
+//! a time across the fleet (the `playguard:sweep` token lock, held only while sweeping, so a
+//! restarted process sweeps at once); a process never sweeps its own lists.
 //! A payload recovered `MAX_RECOVERIES` times is a poison pill: it goes to `dead` with the reason
 //! (through `playguard:poison`, so the dead entry is built from the exact string in Rust).
 
@@ -42,19 +43,21 @@ fn local_pid_gone(identity: &str) -> bool {
 
 /// One sweep (if this process wins the lease). Returns how many jobs were recovered.
 pub async fn sweep(rt: &Runtime) -> redis::RedisResult<i64> {
-    let mut conn = rt.conn.clone();
-    let won: bool = redis::cmd("SET")
-        .arg("playguard:sweep")
-        .arg(&rt.identity)
-        .arg("NX")
-        .arg("PX")
-        .arg((SWEEP_EVERY.as_millis() as u64).saturating_sub(500))
-        .query_async::<Option<String>>(&mut conn)
-        .await?
-        .is_some();
-    if !won {
+    // Held only for the sweep itself; its TTL covers a sweeper that dies mid-sweep.
+    let Some(lease) = crate::lock::acquire(&rt.conn, SWEEP_LOCK, SWEEP_LEASE).await? else {
         return Ok(0);
-    }
+    };
+    let result = sweep_locked(rt).await;
+    let _ = lease.release().await;
+    result
+}
+
+/// The lock that makes one process at a time sweep.
+pub const SWEEP_LOCK: &str = "playguard:sweep";
+const SWEEP_LEASE: Duration = Duration::from_secs(30);
+
+async fn sweep_locked(rt: &Runtime) -> redis::RedisResult<i64> {
+    let mut conn = rt.conn.clone();
     let fetchers: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(FETCHERS_KEY)
         .query_async(&mut conn)
