@@ -1,6 +1,7 @@
 //! Runs one manifest command: argv (never a shell), the PLAYGUARD_* environment, the payload on
 //! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
-//! Every stdout/stderr line is logged with the jid and phase. Touches no Redis keys.
+//! Every stdout/stderr line is logged in the caller's span (jid, class, phase). Touches no
+//! Redis keys.
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -19,9 +20,6 @@ pub struct Spec<'a> {
     pub argv: &'a [String],
     pub env: Vec<(String, String)>,
     pub stdin: String,
-    /// For the caller's records; output lines carry the job span's jid.
-    pub jid: &'a str,
-    pub phase: Option<&'a str>,
 }
 
 #[derive(Debug)]
@@ -89,13 +87,11 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             let _ = stdin.write_all(input.as_bytes()).await;
         });
     }
-    let phase = spec.phase.unwrap_or("").to_string();
     let out = child.stdout.take().map(|s| {
-        let phase = phase.clone();
         tokio::spawn(tracing::Instrument::in_current_span(async move {
             let mut lines = BufReader::new(s).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(phase = %phase, stream = "stdout", "{line}");
+                tracing::info!(stream = "stdout", "{line}");
             }
         }))
     });
@@ -104,7 +100,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             let mut tail: Vec<String> = Vec::new();
             let mut lines = BufReader::new(s).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(phase = %phase, stream = "stderr", "{line}");
+                tracing::info!(stream = "stderr", "{line}");
                 if !line.trim().is_empty() {
                     if tail.len() == STDERR_TAIL {
                         tail.remove(0);

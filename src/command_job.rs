@@ -97,8 +97,6 @@ impl Handler for CommandJob {
                     argv: &argv,
                     env,
                     stdin: ctx.payload.to_string(),
-                    jid: &ctx.jid,
-                    phase: None,
                 },
                 stop,
             )

@@ -24,7 +24,8 @@ pub fn init(json: bool) -> tracing_appender::non_blocking::WorkerGuard {
         builder
             .json()
             .flatten_event(true)
-            .with_current_span(true)
+            // The span list carries pid, jid, class, queue and phase; one copy is enough.
+            .with_current_span(false)
             .try_init()
     } else {
         builder.with_ansi(false).try_init()

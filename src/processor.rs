@@ -88,13 +88,14 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
             }
         }
     };
-    let ms = started.elapsed().as_secs_f64() * 1000.0;
+    // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
+    let ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
     rt.metrics
         .job_finished(&shown, &f.queue, &outcome, ms / 1000.0);
     match outcome {
         Outcome::Done => {
             rt.work.count(false);
-            tracing::info!(elapsed_ms = format!("{ms:.1}"), "done");
+            tracing::info!(elapsed_ms = ms, "done");
             rt.ack_done(&f);
         }
         Outcome::Failed(failure) => {
@@ -106,7 +107,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                 Decision::Discard => "discarded (retry: false or dead: false)",
             };
             rt.metrics.job_fate(&shown, &f.queue, &decision);
-            tracing::warn!(elapsed_ms = format!("{ms:.1}"), error_class = %failure.class,
+            tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
             pipe.atomic();
@@ -117,10 +118,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
             rt.work.count(true);
-            tracing::info!(
-                elapsed_ms = format!("{ms:.1}"),
-                "interrupted by shutdown: requeued"
-            );
+            tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
             rt.requeue_logged(&f).await;
         }
     }

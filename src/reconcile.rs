@@ -147,8 +147,6 @@ impl Phase for CommandPhase {
                     argv: &argv,
                     env,
                     stdin: ctx.payload.to_string(),
-                    jid: &ctx.jid,
-                    phase: Some(&ctx.phase),
                 },
                 stop,
             )
