@@ -187,3 +187,41 @@ fn the_shipped_reconcile_cycle_runs_all_six_phases() {
         "git work was done"
     );
 }
+
+#[test]
+fn json_logs_carry_pid_jid_class_and_numeric_elapsed_ms() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/ok", "#!/bin/sh\necho working\n");
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"LogJob\"\nrun = [\"jobs/bin/ok\"]\n",
+    );
+    let mut w = Worker::start(&redis, p.path(), &["--log-format", "json"]);
+    let out = Command::new(bin())
+        .args(["enqueue", "-r", &redis.url(), "LogJob"])
+        .output()
+        .unwrap();
+    let jid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    w.wait_for_line("\"message\":\"done\"", Duration::from_secs(20));
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+    let lines = w.lines.lock().unwrap().clone();
+    let parsed: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let done = parsed.iter().find(|v| v["message"] == "done").unwrap();
+    assert!(done["elapsed_ms"].is_number(), "{done}");
+    assert!(
+        done["timestamp"].as_str().unwrap().ends_with('Z'),
+        "UTC timestamps"
+    );
+    let spans = done["spans"].as_array().unwrap();
+    assert_eq!(spans[0]["pid"], w.pid());
+    assert_eq!(spans[1]["jid"], jid.as_str());
+    assert_eq!(spans[1]["class"], "LogJob");
+    assert!(parsed
+        .iter()
+        .any(|v| v["message"] == "working" && v["stream"] == "stdout"));
+}
