@@ -374,3 +374,40 @@ fn paused_worker_loses_its_lease_and_leaves_the_new_owner_alone() {
         .iter()
         .any(|x| x.kind == "end" && x.phase == "two" && x.fence == fence_b));
 }
+
+#[test]
+fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
+    if !ruby_available() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/quick", &phase_script(0.0));
+    p.script("jobs/bin/slow", &phase_script(30.0));
+    p.write(
+        "jobs/app.toml",
+        &manifest(
+            60.0,
+            &[
+                ("sync_git", "jobs/bin/quick"),
+                ("pull_images", "jobs/bin/slow"),
+            ],
+        ),
+    );
+    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    enqueue(&redis, &["PlayguardJob", "6"]);
+    let mut seen = String::new();
+    wait_until(
+        "Workers API shows the phase",
+        Duration::from_secs(20),
+        || {
+            seen = ruby(
+                &redis,
+                r#"Sidekiq::Workers.new.each { |_p, _t, w| puts [w["phase"], w["payload"]["args"].inspect, w["queue"]].join(" ") }"#,
+            );
+            seen.trim() == "pull_images [6] default"
+        },
+    );
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+}
