@@ -11,8 +11,6 @@ use std::time::Duration;
 
 /// How long an ordinary command may take before we call it an error.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Reply deadline on blocking-pop connections (pops block for 2 s server-side).
-pub const BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(12);
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -63,13 +61,12 @@ pub async fn shared(client: &Client) -> RedisResult<Conn> {
     shared_with_timeout(client, RESPONSE_TIMEOUT).await
 }
 
-/// A connection of its own for blocking commands. Its response timeout is well above the
-/// 2 s server-side timeout of our BRPOP/BLMOVE (the 500 ms default would cut them off), but
-/// still bounded, so a silent network partition cannot hang a fetcher forever.
+/// A connection of its own for blocking commands: no response timeout, because a BRPOP with a
+/// 2 s server-side timeout must not be cut off by the client at 500 ms.
 pub async fn dedicated(client: &Client) -> RedisResult<MultiplexedConnection> {
     let cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(BLOCKING_RESPONSE_TIMEOUT));
+        .set_response_timeout(None);
     client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await
