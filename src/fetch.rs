@@ -18,6 +18,8 @@ use tokio::task::JoinSet;
 pub const BLOCK_TIMEOUT_SECS: f64 = 2.0;
 /// Pause after a Redis error in the fetch path, as Sidekiq does.
 const ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// How long quiet waits for blocked pops to come back.
+const BLOCKERS_GRACE: Duration = Duration::from_secs(5);
 /// Most jobs one fetch script moves.
 const MAX_BATCH: usize = 256;
 
@@ -348,7 +350,19 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
     }
     // Quiet: end the blocked pops and hand back everything fetched but not started.
     unblock(&rt, &blockers).await;
-    while blocker_tasks.join_next().await.is_some() {}
+    // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
+    // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
+    // still move stays in our working list, which the orphan sweep returns once we are gone).
+    let wait_all = async { while blocker_tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(BLOCKERS_GRACE, wait_all)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "fetch: a blocking pop did not return (Redis unreachable?); not waiting for it"
+        );
+        blocker_tasks.abort_all();
+    }
     while let Ok(d) = rx.try_recv() {
         pending.extend(d);
     }

@@ -62,7 +62,9 @@ pub async fn shared(client: &Client) -> RedisResult<Conn> {
 }
 
 /// A connection of its own for blocking commands: no response timeout, because a BRPOP with a
-/// 2 s server-side timeout must not be cut off by the client at 500 ms.
+/// 2 s server-side timeout must not be cut off by the client at 500 ms, and a pop given up
+/// on by the client can still run on a paused server, whose reply would then be lost. The
+/// fetch loop ends these waits with CLIENT UNBLOCK, and bounds how long it waits at shutdown.
 pub async fn dedicated(client: &Client) -> RedisResult<MultiplexedConnection> {
     let cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
