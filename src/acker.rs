@@ -11,7 +11,7 @@ static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua
 /// Most acks in one script call.
 const MAX_BATCH: usize = 512;
 
-type Ack = (String, String);
+type Ack = (String, Vec<u8>);
 
 pub struct Acker {
     tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Ack>>>,
@@ -29,7 +29,7 @@ impl Acker {
     }
 
     /// Queue the ack of one job (working list key, exact payload).
-    pub fn ack(&self, working_key: String, raw: String) {
+    pub fn ack(&self, working_key: String, raw: Vec<u8>) {
         if let Some(tx) = self.tx.lock().unwrap().as_ref() {
             let _ = tx.send((working_key, raw));
         }

@@ -158,7 +158,7 @@ fn spawn_blocker(
                     redis::cmd("BRPOP")
                         .arg(&keys)
                         .arg(BLOCK_TIMEOUT_SECS)
-                        .query_async::<Option<(String, String)>>(c)
+                        .query_async::<Option<(String, Vec<u8>)>>(c)
                         .await
                         .map(|r| {
                             r.map(|(k, raw)| Fetched {
@@ -173,7 +173,7 @@ fn spawn_blocker(
                     .arg("RIGHT")
                     .arg("LEFT")
                     .arg(BLOCK_TIMEOUT_SECS)
-                    .query_async::<Option<String>>(c)
+                    .query_async::<Option<Vec<u8>>>(c)
                     .await
                     .map(|r| r.map(|raw| Fetched { queue: q.clone(), raw })),
             };
@@ -228,7 +228,7 @@ async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>>
     for pair in flat.chunks(2) {
         if let [idx, job] = pair {
             let i: usize = redis::from_redis_value_ref(idx)?;
-            let raw: String = redis::from_redis_value_ref(job)?;
+            let raw: Vec<u8> = redis::from_redis_value_ref(job)?;
             out.push(Fetched {
                 queue: order[i - 1].clone(),
                 raw,

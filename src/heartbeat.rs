@@ -173,16 +173,25 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
         pipe.lindex(format!("queue:{q}"), -1);
     }
     pipe.rpop(format!("{id}-signals"), None);
-    match pipe.query_async::<Vec<Option<String>>>(&mut conn).await {
+    // Bytes: a non-UTF-8 job at a queue's tail must not fail the whole beat.
+    match pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn).await {
         Ok(mut replies) => {
             rt.metrics
                 .last_redis_ok_ms
                 .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
-            let signal = replies.pop().flatten();
+            let signal = replies
+                .pop()
+                .flatten()
+                .map(|s| String::from_utf8_lossy(&s).into_owned());
             let now = crate::payload::now_f64();
             for (q, oldest) in queues.iter().zip(replies.iter()) {
-                rt.metrics
-                    .set_latency(q, latency_secs(oldest.as_deref(), now));
+                rt.metrics.set_latency(
+                    q,
+                    latency_secs(
+                        oldest.as_deref().and_then(|b| std::str::from_utf8(b).ok()),
+                        now,
+                    ),
+                );
             }
             Ok(signal)
         }

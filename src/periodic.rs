@@ -90,8 +90,12 @@ pub async fn fire(
     let tick = tick_of(now, spec.every_secs);
     let arg_lists: Vec<Vec<Value>> = match &spec.for_each_member_of {
         Some(set) => {
-            let mut members: Vec<String> =
-                redis::cmd("SMEMBERS").arg(set).query_async(conn).await?;
+            // Bytes, then lossy text: one odd member must not cost every Marquee its tick.
+            let members: Vec<Vec<u8>> = redis::cmd("SMEMBERS").arg(set).query_async(conn).await?;
+            let mut members: Vec<String> = members
+                .iter()
+                .map(|m| String::from_utf8_lossy(m).into_owned())
+                .collect();
             members.sort();
             members.iter().map(|m| vec![member_arg(m)]).collect()
         }

@@ -16,10 +16,14 @@ use tracing::Instrument;
 pub const UNKNOWN_CLASS_ERROR: &str = "NameError";
 
 pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
-    let job = match Job::parse(&f.queue, f.raw.clone()) {
+    let parsed = match String::from_utf8(f.raw.clone()) {
+        Ok(text) => Job::parse(&f.queue, text).map_err(|e| e.to_string()),
+        Err(_) => Err("payload is not valid UTF-8".to_string()),
+    };
+    let job = match parsed {
         Ok(j) => j,
         Err(e) => {
-            return bury_garbage(rt, &f, &e.to_string())
+            return bury_garbage(rt, &f, &e)
                 .instrument(crate::logging::root().clone())
                 .await
         }
@@ -33,7 +37,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     let started = Instant::now();
     let class = job.dispatch_class().to_string();
     let shown = job.display_class().to_string();
-    let payload: Arc<str> = Arc::from(f.raw.as_str());
+    let payload: Arc<str> = Arc::from(job.raw.as_str());
     let slot = Arc::new(rt.work.begin(WorkEntry {
         queue: f.queue.clone(),
         payload: payload.clone(),
@@ -141,12 +145,12 @@ async fn write(rt: &Runtime, pipe: redis::Pipeline, f: &Fetched) {
 
 /// A payload that is not a JSON object goes to `dead` as the raw string, as processor.rb does.
 async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str) {
-    tracing::error!(queue = %f.queue, error = why, payload = %f.raw,
+    tracing::error!(queue = %f.queue, error = why, payload = %f.shown(),
         "invalid job payload: moved to the dead set as is");
     rt.metrics.garbage(&f.queue);
     let mut pipe = redis::pipe();
     pipe.atomic();
-    retry::add_dead(&mut pipe, &f.raw);
+    retry::add_dead(&mut pipe, &f.raw[..]);
     rt.add_ack(&mut pipe, f);
     write(rt, pipe, f).await;
 }

@@ -145,13 +145,13 @@ pub fn add_to_pipeline(pipe: &mut redis::Pipeline, decision: &Decision) {
             pipe.zadd("retry", payload, float_value(*at).to_string())
                 .ignore();
         }
-        Decision::Dead { payload } => add_dead(pipe, payload),
+        Decision::Dead { payload } => add_dead(pipe, payload.as_bytes()),
         Decision::Discard => {}
     }
 }
 
 /// ZADD dead now payload, then trim by age and size, as api.rb's DeadSet#kill.
-pub fn add_dead(pipe: &mut redis::Pipeline, payload: &str) {
+pub fn add_dead(pipe: &mut redis::Pipeline, payload: &[u8]) {
     let now = now_f64();
     pipe.zadd("dead", payload, float_value(now).to_string())
         .ignore()

@@ -9,11 +9,19 @@ use crate::shutdown::Shutdown;
 use crate::work::WorkState;
 use std::sync::Arc;
 
-/// A job as fetched: where it came from and the exact string.
+/// A job as fetched: where it came from and the exact bytes popped. Bytes, not a String:
+/// a payload that is not even UTF-8 must still reach the dead set (or go back) unchanged.
 #[derive(Debug, Clone)]
 pub struct Fetched {
     pub queue: String,
-    pub raw: String,
+    pub raw: Vec<u8>,
+}
+
+impl Fetched {
+    /// The payload for log lines (invalid UTF-8 shown with replacement characters).
+    pub fn shown(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.raw)
+    }
 }
 
 pub struct Runtime {
@@ -89,7 +97,7 @@ impl Runtime {
             Ok(()) => tracing::info!(queue = %f.queue, "pushed 1 job back to Redis"),
             Err(e) if self.reliable() => tracing::error!(queue = %f.queue, error = %e,
                 "could not push the job back now; it stays in the working list and will be recovered"),
-            Err(e) => tracing::error!(queue = %f.queue, error = %e, payload = %f.raw,
+            Err(e) => tracing::error!(queue = %f.queue, error = %e, payload = %f.shown(),
                 "could not push the job back (basic fetch): this job is lost"),
         }
     }

@@ -17,8 +17,8 @@ const BATCH: isize = 100;
 
 /// Rewrite a due member as the job to push: new `enqueued_at` in the job's own unit.
 /// None = not a JSON object (it goes to `dead` as is).
-pub fn prepare(member: &str) -> Option<(String, String)> {
-    let Ok(Value::Object(mut msg)) = serde_json::from_str::<Value>(member) else {
+pub fn prepare(member: &[u8]) -> Option<(String, String)> {
+    let Ok(Value::Object(mut msg)) = serde_json::from_slice::<Value>(member) else {
         return None;
     };
     let queue = msg
@@ -36,7 +36,8 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
     let mut total = 0;
     loop {
         let now = now_f64();
-        let due: Vec<String> = redis::cmd("ZRANGE")
+        // Bytes: a member that is not UTF-8 must not stall the poller; it goes to dead as is.
+        let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
             .arg(set)
             .arg("-inf")
             .arg(now.to_string())
@@ -54,7 +55,8 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
             match prepare(member) {
                 Some((payload, queue)) => inv.arg(member).arg(payload).arg(queue),
                 None => {
-                    tracing::error!(set, payload = %member, "unreadable job in {set}: moved to dead as is");
+                    tracing::error!(set, payload = %String::from_utf8_lossy(member),
+                        "unreadable job in {set}: moved to dead as is");
                     inv.arg(member).arg("").arg("")
                 }
             };

@@ -93,14 +93,14 @@ async fn sweep_locked(rt: &Runtime) -> redis::RedisResult<i64> {
 /// Turn poison pills into dead-set entries carrying the reason.
 async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
     let mut conn = rt.conn.clone();
-    let pills: Vec<String> = redis::cmd("LRANGE")
+    let pills: Vec<Vec<u8>> = redis::cmd("LRANGE")
         .arg(POISON_KEY)
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
         .await?;
     for raw in pills {
-        let payload = match serde_json::from_str::<Value>(&raw) {
+        let payload = match serde_json::from_slice::<Value>(&raw) {
             Ok(Value::Object(mut msg)) => {
                 let millis = uses_millis(&msg);
                 msg.insert("error_class".into(), Value::from(POISON_ERROR));
@@ -117,11 +117,11 @@ async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
                     msg.insert("failed_at".into(), now_value(millis));
                     msg.insert("retry_count".into(), Value::from(0));
                 }
-                dump(&msg)
+                dump(&msg).into_bytes()
             }
             _ => raw.clone(),
         };
-        tracing::error!(payload = %raw, "poison pill: moved to the dead set");
+        tracing::error!(payload = %String::from_utf8_lossy(&raw), "poison pill: moved to the dead set");
         let mut pipe = redis::pipe();
         pipe.atomic();
         crate::retry::add_dead(&mut pipe, &payload);

@@ -200,24 +200,41 @@ puts JSON.generate({
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
 }
 
-#[test]
-fn garbage_goes_to_dead_and_the_worker_keeps_going() {
+fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
     let redis = RedisServer::start();
     let p = project();
     let mut c = redis.conn();
-    let _: () = redis::cmd("LPUSH")
-        .arg("queue:default")
-        .arg("{not json")
+    let not_utf8: &[u8] = b"\xff\xfe{\"class\":\"RecordJob\"}";
+    let garbage: [&[u8]; 3] = [b"{not json", b"[1,2]", not_utf8];
+    for g in garbage {
+        let _: () = redis::cmd("LPUSH")
+            .arg("queue:default")
+            .arg(g)
+            .query(&mut c)
+            .unwrap();
+    }
+    // Unreadable members of the schedule set must not stall the poller either.
+    let _: () = redis::cmd("ZADD")
+        .arg("schedule")
+        .arg(1)
+        .arg(b"\xfe sched")
         .query(&mut c)
         .unwrap();
-    let _: () = redis::cmd("LPUSH")
-        .arg("queue:default")
-        .arg("[1,2]")
-        .query(&mut c)
-        .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::start(
+        &redis,
+        p.path(),
+        &["--fetch", fetch, "--poll-interval", "0.2"],
+    );
     let out = std::process::Command::new(bin())
-        .args(["enqueue", "-r", &redis.url(), "RecordJob", "after-garbage"])
+        .args([
+            "enqueue",
+            "-r",
+            &redis.url(),
+            "RecordJob",
+            "after-garbage",
+            "--in",
+            "0.5",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -226,19 +243,41 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going() {
             .iter()
             .any(|r| r.2 == serde_json::json!(["after-garbage"]))
     });
-    let dead: Vec<String> = redis::cmd("ZRANGE")
+    let dead: Vec<Vec<u8>> = redis::cmd("ZRANGE")
         .arg("dead")
         .arg(0)
         .arg(-1)
         .query(&mut c)
         .unwrap();
-    assert!(
-        dead.contains(&"{not json".to_string()) && dead.contains(&"[1,2]".to_string()),
-        "{dead:?}"
-    );
+    for g in garbage.iter().chain([&&b"\xfe sched"[..]]) {
+        assert!(
+            dead.iter().any(|d| d == g),
+            "{:?} in dead: {dead:?}",
+            String::from_utf8_lossy(g)
+        );
+    }
     assert!(w.saw("invalid job payload"));
+    let working: Vec<String> = redis::cmd("KEYS")
+        .arg("playguard:working:*")
+        .query(&mut c)
+        .unwrap();
+    let stuck: i64 = working
+        .iter()
+        .map(|k| redis::cmd("LLEN").arg(k).query::<i64>(&mut c).unwrap())
+        .sum();
+    assert_eq!(stuck, 0, "nothing left in working lists");
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+}
+
+#[test]
+fn garbage_goes_to_dead_reliable_fetch() {
+    garbage_goes_to_dead_and_the_worker_keeps_going("reliable");
+}
+
+#[test]
+fn garbage_goes_to_dead_basic_fetch() {
+    garbage_goes_to_dead_and_the_worker_keeps_going("basic");
 }
 
 #[test]
