@@ -11,6 +11,8 @@ use std::time::Duration;
 
 /// How long an ordinary command may take before we call it an error.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Reply deadline on blocking-pop connections (the pops block for 2 s server-side).
+pub const BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(12);
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -61,14 +63,16 @@ pub async fn shared(client: &Client) -> RedisResult<Conn> {
     shared_with_timeout(client, RESPONSE_TIMEOUT).await
 }
 
-/// A connection of its own for blocking commands: no response timeout, because a BRPOP with a
-/// 2 s server-side timeout must not be cut off by the client at 500 ms, and a pop given up
-/// on by the client can still run on a paused server, whose reply would then be lost. The
-/// fetch loop ends these waits with CLIENT UNBLOCK, and bounds how long it waits at shutdown.
+/// A connection of its own for blocking commands. Its reply deadline sits well above the 2 s
+/// server-side timeout of our BRPOP/BLMOVE (redis-rs's 500 ms default would cut them off) but
+/// is bounded, so a half-open TCP connection cannot stop fetching forever while the heartbeat
+/// (on the shared connection) says the process is fine. As with Sidekiq's read timeout, a
+/// basic-fetch BRPOP given up on by the client can still pop on a paused server; with reliable
+/// fetch such a job waits in our working list and goes back to its queue at our next stop.
 pub async fn dedicated(client: &Client) -> RedisResult<MultiplexedConnection> {
     let cfg = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(None);
+        .set_response_timeout(Some(BLOCKING_RESPONSE_TIMEOUT));
     client
         .get_multiplexed_async_connection_with_config(&cfg)
         .await
