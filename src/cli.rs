@@ -280,21 +280,31 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
         }
     };
     let res = runtime().block_on(async {
-        let client = crate::redis_conn::client(&a.redis)?;
-        let mut conn = crate::redis_conn::shared(&client).await?;
-        redis::cmd("PING").query_async::<()>(&mut conn).await
+        let client = crate::redis_conn::client(&a.redis).map_err(|e| e.to_string())?;
+        let mut conn = crate::redis_conn::shared(&client)
+            .await
+            .map_err(|e| e.to_string())?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        crate::redis_conn::check_server(&mut conn).await
     });
-    if let Err(e) = res {
-        eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis);
-        return 1;
+    match res {
+        Err(e) => {
+            eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis);
+            1
+        }
+        Ok(version) => {
+            println!(
+                "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {} answers",
+                m.jobs.len(),
+                a.jobs.display(),
+                m.periodic.len(),
+                registry.classes().len(),
+                a.redis
+            );
+            0
+        }
     }
-    println!(
-        "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis at {} answers",
-        m.jobs.len(),
-        a.jobs.display(),
-        m.periodic.len(),
-        registry.classes().len(),
-        a.redis
-    );
-    0
 }

@@ -154,6 +154,9 @@ pub async fn run_with(
         .query_async::<()>(&mut conn)
         .await
         .map_err(redis_err)?;
+    let version = crate::redis_conn::check_server(&mut conn)
+        .await
+        .map_err(|e| StartError::Config(format!("{}: {e}", config.redis_url)))?;
 
     let acker = crate::acker::Acker::start(conn.clone());
     let rt = Arc::new(Runtime {
@@ -180,7 +183,7 @@ pub async fn run_with(
         .await
         .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
     }
-    tracing::info!(identity = %rt.identity, concurrency = rt.config.concurrency,
+    tracing::info!(identity = %rt.identity, redis = %version, concurrency = rt.config.concurrency,
         queues = ?rt.config.queues.names(), fetch = if rt.reliable() { "reliable" } else { "basic" },
         classes = ?rt.registry.classes(), "playguard starting");
 

@@ -77,3 +77,49 @@ pub async fn dedicated(client: &Client) -> RedisResult<MultiplexedConnection> {
         .get_multiplexed_async_connection_with_config(&cfg)
         .await
 }
+
+/// The oldest server playguard runs against: reliable fetch and the poller use `RPOP key
+/// count`, `BLMOVE` and `ZRANGE ... BYSCORE`, all new in Redis 6.2 (Sidekiq 7 needs 6.2 too).
+pub const MIN_SERVER: (u32, u32) = (6, 2);
+
+/// Parse "major.minor.patch" from an INFO reply's `redis_version:` line.
+pub fn server_version(info: &str) -> Option<(u32, u32, u32)> {
+    let v = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))?
+        .trim();
+    let mut it = v.split('.').map(|n| n.parse::<u32>().ok());
+    Some((it.next()??, it.next()??, it.next().flatten().unwrap_or(0)))
+}
+
+/// PING, then refuse a server too old for the commands we send, with a clear message.
+pub async fn check_server(conn: &mut Conn) -> Result<String, String> {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    match server_version(&info) {
+        Some((ma, mi, pa)) if (ma, mi) >= MIN_SERVER => Ok(format!("{ma}.{mi}.{pa}")),
+        Some((ma, mi, pa)) => Err(format!(
+            "Redis {ma}.{mi}.{pa} is too old: playguard needs {}.{} or newer",
+            MIN_SERVER.0, MIN_SERVER.1
+        )),
+        // Servers that speak the protocol but hide their version (proxies): let them try.
+        None => Ok("unknown".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parses_versions() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n";
+        assert_eq!(super::server_version(info), Some((7, 0, 15)));
+        assert_eq!(
+            super::server_version("redis_version:6.0.16\n"),
+            Some((6, 0, 16))
+        );
+        assert!((6, 0) < super::MIN_SERVER && (7, 0) >= super::MIN_SERVER);
+    }
+}
