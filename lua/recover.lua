@@ -2,7 +2,8 @@
 -- counting recoveries per payload; a payload recovered ARGV[2] times goes to the poison list
 -- instead (the caller turns it into a proper dead-set entry without re-encoding it here).
 -- KEYS[1] = playguard:fetchers   KEYS[2] = playguard:alive:<identity>
--- KEYS[3] = playguard:recovered  KEYS[4] = playguard:poison
+-- KEYS[3] = prefix of the per-payload counters (playguard:recovered:<sha1>, 7-day TTL each)
+-- KEYS[4] = playguard:poison
 -- ARGV[1] = identity  ARGV[2] = max recoveries  ARGV[3] = '1' to skip the liveness check
 -- ARGV[4..] = queue names
 if ARGV[3] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
@@ -16,10 +17,11 @@ for i = 4, #ARGV do
     -- newest first, so the oldest ends up rightmost and runs first
     local job = redis.call('LPOP', wk)
     if not job then break end
-    local h = redis.sha1hex(job)
-    local n = redis.call('HINCRBY', KEYS[3], h, 1)
+    local counter = KEYS[3] .. redis.sha1hex(job)
+    local n = redis.call('INCR', counter)
+    redis.call('EXPIRE', counter, 604800)
     if n >= tonumber(ARGV[2]) then
-      redis.call('HDEL', KEYS[3], h)
+      redis.call('DEL', counter)
       redis.call('LPUSH', KEYS[4], job)
     else
       redis.call('RPUSH', 'queue:' .. q, job)
@@ -27,6 +29,5 @@ for i = 4, #ARGV do
     moved = moved + 1
   end
 end
-redis.call('EXPIRE', KEYS[3], 604800)
 redis.call('HDEL', KEYS[1], ARGV[1])
 return moved

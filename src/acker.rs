@@ -44,18 +44,48 @@ impl Acker {
     }
 }
 
+/// After shutdown closed the queue, how long failed acks keep being retried.
+const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
 async fn run(mut conn: crate::redis_conn::Conn, mut rx: mpsc::UnboundedReceiver<Ack>) {
     let mut batch: Vec<Ack> = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    let mut closed_at: Option<tokio::time::Instant> = None;
+    loop {
+        if batch.is_empty() {
+            if rx.recv_many(&mut batch, MAX_BATCH).await == 0 {
+                return; // closed and nothing left
+            }
+        } else {
+            // Retrying a failed batch: take along whatever queued up meanwhile.
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(a) => batch.push(a),
+                    Err(_) => break,
+                }
+            }
+        }
         let mut inv = ACK.prepare_invoke();
         for (key, raw) in &batch {
             inv.key(key).arg(raw);
         }
-        if let Err(e) = inv.invoke_async::<i64>(&mut conn).await {
-            // The jobs stay in the working list; the orphan sweep runs them again after this
-            // process is gone (at-least-once), so log rather than retry forever.
-            tracing::error!(error = %e, jobs = batch.len(), "could not acknowledge finished jobs");
+        match inv.invoke_async::<i64>(&mut conn).await {
+            Ok(_) => batch.clear(),
+            Err(e) => {
+                // Keep the batch: an ack that never lands would let a clean stop push a
+                // finished job back to its queue. Retry until Redis answers; after shutdown
+                // began, give up after FLUSH_GRACE (the jobs then run again: at-least-once).
+                if rx.is_closed() {
+                    let since = *closed_at.get_or_insert_with(tokio::time::Instant::now);
+                    if since.elapsed() > FLUSH_GRACE {
+                        tracing::error!(error = %e, jobs = batch.len(),
+                            "could not acknowledge finished jobs before exit; they will run again");
+                        return;
+                    }
+                }
+                tracing::warn!(error = %e, jobs = batch.len(), "acknowledging finished jobs failed; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
         }
-        batch.clear();
     }
 }

@@ -38,6 +38,17 @@ pub enum Exit {
     SpawnFailed(String),
 }
 
+/// SIGKILLs a process group when dropped.
+struct GroupGuard(Option<Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pg) = self.0 {
+            let _ = killpg(pg, Signal::SIGKILL);
+        }
+    }
+}
+
 /// Why a running command is being stopped, and how long it may take to go after TERM.
 /// A zero grace means KILL at once (a lapsed lease leaves no time to be polite).
 pub struct Stop {
@@ -80,6 +91,9 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}")),
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    // If this future is dropped mid-run (a job abandoned at the deadline), the whole group
+    // dies with it, not just the leader that kill_on_drop would reach.
+    let _group = GroupGuard(pgid);
     if let Some(mut stdin) = child.stdin.take() {
         let input = spec.stdin.clone();
         // A command that never reads stdin must not block us: write from a task, ignore EPIPE.
@@ -134,9 +148,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         }
     };
     // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
-    if let Some(pg) = pgid {
-        let _ = killpg(pg, Signal::SIGKILL);
-    }
+    drop(_group);
     if let Some(h) = out {
         let _ = h.await;
     }

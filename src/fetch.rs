@@ -268,9 +268,11 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
     'outer: loop {
         // Start whatever we hold, as slots allow.
         while let Some(f) = pending.pop() {
+            // Biased: once quiet, a job not yet started goes back, never into a free slot.
             let permit = tokio::select! {
-                p = sem.clone().acquire_owned() => p.expect("semaphore never closed"),
+                biased;
                 _ = rt.shutdown.quieted() => { pending.push(f); break 'outer; }
+                p = sem.clone().acquire_owned() => p.expect("semaphore never closed"),
             };
             let rt2 = rt.clone();
             tokio::spawn(async move {
@@ -280,8 +282,9 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
         }
         // Wait for a free slot before taking more work.
         let free = tokio::select! {
-            p = sem.clone().acquire_owned() => { drop(p); sem.available_permits() }
+            biased;
             _ = rt.shutdown.quieted() => break,
+            p = sem.clone().acquire_owned() => { drop(p); sem.available_permits() }
         };
         while let Ok(d) = rx.try_recv() {
             pending.extend(d);

@@ -25,6 +25,18 @@ pub fn alive_key(identity: &str) -> String {
 
 pub const FETCHERS_KEY: &str = "playguard:fetchers";
 
+/// This kernel boot and pid namespace, e.g. "3f2c…:pid:[4026531836]"; empty if unknown.
+pub fn pid_namespace() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    if boot.trim().is_empty() || ns.is_empty() {
+        return String::new();
+    }
+    format!("{}:{ns}", boot.trim())
+}
+
 /// A fresh identity: hostname:pid:nonce, the nonce new at every start (SecureRandom.hex(6)).
 pub fn new_identity() -> String {
     let nonce: [u8; 6] = rand::random();
@@ -158,10 +170,13 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     if rt.reliable() {
         pipe.set_ex(alive_key(id), 1, ALIVE_TTL_SECS as u64)
             .ignore();
+        // The queues tell a sweeper which working lists are ours; `ns` says which kernel and
+        // pid namespace our pid lives in, so only a process that shares both may judge us
+        // dead by our pid (same hostname is not enough across containers).
         pipe.hset(
             FETCHERS_KEY,
             id,
-            json!(rt.config.queues.names()).to_string(),
+            json!({"queues": rt.config.queues.names(), "ns": pid_namespace()}).to_string(),
         )
         .ignore();
     }

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tracing::Instrument;
 
 /// Extra time after the deadline for killed phases to exit and jobs to be pushed back.
-const AFTER_DEADLINE: Duration = Duration::from_secs(6);
+const AFTER_DEADLINE: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -198,10 +198,15 @@ pub async fn run_with(
         .instrument(root.clone()),
     );
     let info = heartbeat::info_json(&rt, crate::payload::now_f64());
-    // Beat before fetching: with reliable fetch our working lists must be claimed by a live
-    // process before they hold anything.
-    if let Err(e) = heartbeat::beat(&rt, &info).await {
-        tracing::warn!(error = %e, "first heartbeat failed");
+    // Beat before fetching: with reliable fetch our working lists must be registered (and
+    // claimed by a live process) before they hold anything, or a crash could orphan them
+    // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
+    while let Err(e) = heartbeat::beat(&rt, &info).await {
+        tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = rt.shutdown.quieted() => break,
+        }
     }
     let beat_task = tokio::spawn(heartbeat_loop(rt.clone(), info).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();

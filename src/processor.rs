@@ -12,6 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
 
+/// How long past the shutdown deadline a self-stopping job may take to report back.
+pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
+
 /// error_class for a class nobody registered: what Ruby raises when constantize fails.
 pub const UNKNOWN_CLASS_ERROR: &str = "NameError";
 
@@ -49,6 +52,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     }));
     tracing::info!("start");
 
+    let known = rt.registry.contains(&class);
     let outcome = match rt.registry.get(&class) {
         None => Outcome::Failed(Failure::new(
             UNKNOWN_CLASS_ERROR,
@@ -71,8 +75,10 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
             // deadline a Rust handler is abandoned (its future dropped); command and phased
             // jobs stop their process groups first and report Requeue themselves, within the
             // kill grace. No task of its own: one spawn per job is enough.
+            // Enough for the kill grace plus a lock release against a slow Redis (5 s reply
+            // deadline): the lock must be released before the payload is pushed back.
             let grace = if h.stops_itself() {
-                crate::command::KILL_GRACE * 2
+                STOPS_ITSELF_GRACE
             } else {
                 std::time::Duration::ZERO
             };
@@ -104,7 +110,11 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
         }
         Outcome::Failed(failure) => {
             rt.work.count(true);
-            let decision = retry::decide(&job, &failure);
+            let decision = if known {
+                retry::decide(&job, &failure)
+            } else {
+                retry::decide_unknown_class(&job, &failure)
+            };
             let fate = match &decision {
                 Decision::Retry { .. } => "retry scheduled",
                 Decision::Dead { .. } => "retries exhausted: moved to dead",

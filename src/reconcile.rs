@@ -109,6 +109,13 @@ where
     }
 }
 
+/// Cut a stop's TERM grace so the KILL still lands before the lease deadline.
+fn within_lease(mut stop: Stop, ctx: &PhaseContext) -> Stop {
+    let left = ctx.lease_deadline.saturating_duration_since(Instant::now());
+    stop.grace = stop.grace.min(left);
+    stop
+}
+
 /// A manifest phase: one command.
 pub struct CommandPhase {
     pub name: String,
@@ -138,8 +145,11 @@ impl Phase for CommandPhase {
                 match c {
                     // The lease is the safety guarantee: no grace past it.
                     StopCause::LeaseDeadline => Stop::kill("lease deadline passed"),
-                    StopCause::PhaseTimeout => Stop::term("phase timeout"),
-                    StopCause::Shutdown => Stop::term("shutdown deadline reached"),
+                    // TERM first, but KILL no later than the lease deadline.
+                    StopCause::PhaseTimeout => within_lease(Stop::term("phase timeout"), &ctx),
+                    StopCause::Shutdown => {
+                        within_lease(Stop::term("shutdown deadline reached"), &ctx)
+                    }
                 }
             };
             let exit = command::run(
@@ -331,11 +341,17 @@ async fn run_cycle(
             guard.release("shutdown").await;
             return Outcome::Requeue;
         }
-        let lease_deadline = guard
-            .lease
-            .as_ref()
-            .expect("held between phases")
-            .deadline();
+        let lease = guard.lease.as_ref().expect("held between phases");
+        let lease_deadline = lease.deadline();
+        if lease.remaining().is_zero() {
+            // A slow renewal ate the whole lease: starting a phase now would be unguarded.
+            ctx.metrics.lock_event(&ctx.class, "lost");
+            tracing::warn!(next_phase = %name, lock_key = %key,
+                "aborted: lock lost (no lease time left to start the phase)");
+            guard.release("lock lost").await;
+            ctx.set_phase(None);
+            return Outcome::Done;
+        }
         let started = Instant::now();
         let stop_at = match timeout {
             Some(t) => lease_deadline.min(started + *t),
@@ -418,8 +434,14 @@ async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
             Err(_) => PhaseEnd::Stopped(StopCause::Shutdown),
         },
         cause = stop_signal(&backstop_ctx) => {
-            // Command phases kill their group and return; give them the kill grace.
-            let grace = if cause == StopCause::LeaseDeadline { Duration::from_millis(500) } else { command::KILL_GRACE + Duration::from_millis(500) };
+            // Command phases kill their group and return at once; a Rust phase that ignores its
+            // stop is dropped. Never wait past the lease for either (margin is >= 50 ms).
+            let lease_left = backstop_ctx.lease_deadline.saturating_duration_since(Instant::now());
+            let grace = if cause == StopCause::LeaseDeadline {
+                Duration::from_millis(25)
+            } else {
+                (command::KILL_GRACE + Duration::from_millis(100)).min(lease_left)
+            };
             match tokio::time::timeout(grace, &mut task).await {
                 Ok(Ok(end)) => end,
                 _ => { task.abort(); PhaseEnd::Stopped(cause) }

@@ -46,6 +46,16 @@ pub enum Decision {
     Discard,
 }
 
+/// A failure of a class nobody registered. job_retry.rb `global` retries it only when the
+/// payload itself says `retry` (there is no class to ask for a default); otherwise it is
+/// dropped after the death handlers, as Ruby does.
+pub fn decide_unknown_class(job: &Job, failure: &Failure) -> Decision {
+    match job.msg.get("retry") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Decision::Discard,
+        _ => decide(job, failure),
+    }
+}
+
 /// The retry limit a payload asks for; None = `retry: false` (no retry, no dead).
 pub fn max_retries(msg: &Map<String, Value>) -> Option<i64> {
     match msg.get("retry") {
@@ -69,6 +79,10 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
     };
     // Start from the original popped payload, never from a modified copy.
     let mut msg = job.msg.clone();
+    // job_retry.rb `local`: a payload without `retry` gets the class default (true) written in.
+    if matches!(msg.get("retry"), None | Some(Value::Null)) {
+        msg.insert("retry".into(), Value::Bool(true));
+    }
     let millis = uses_millis(&msg);
     let queue = match msg.get("retry_queue").and_then(Value::as_str) {
         Some(q) => q.to_string(),
@@ -163,7 +177,8 @@ pub fn add_dead(pipe: &mut redis::Pipeline, payload: &[u8]) {
         .cmd("ZREMRANGEBYRANK")
         .arg("dead")
         .arg(0)
-        .arg(-(DEAD_MAX_JOBS + 1))
+        // api.rb: `zremrangebyrank(name, 0, -max_jobs)`, which keeps max_jobs - 1.
+        .arg(-DEAD_MAX_JOBS)
         .ignore();
 }
 
@@ -228,6 +243,23 @@ mod tests {
             &Failure::new("E", "m"),
         );
         assert!(matches!(d, Decision::Dead { .. }));
+    }
+
+    #[test]
+    fn missing_retry_key_follows_ruby() {
+        let f = Failure::new("NameError", "uninitialized constant X");
+        // Known class: retried, and the entry says retry: true.
+        let m = parsed(&decide(&job(r#"{"class":"X","args":[]}"#), &f));
+        assert_eq!(m["retry"], true);
+        // Unknown class without `retry`: dropped, as job_retry.rb's global handler does.
+        assert_eq!(
+            decide_unknown_class(&job(r#"{"class":"X"}"#), &f),
+            Decision::Discard
+        );
+        assert!(matches!(
+            decide_unknown_class(&job(r#"{"class":"X","retry":true}"#), &f),
+            Decision::Retry { .. }
+        ));
     }
 
     #[test]

@@ -17,7 +17,8 @@ use std::time::Duration;
 pub const MAX_RECOVERIES: u32 = 3;
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 pub const POISON_KEY: &str = "playguard:poison";
-pub const RECOVERED_KEY: &str = "playguard:recovered";
+/// Prefix of the per-payload recovery counters: `playguard:recovered:<sha1 of the payload>`.
+pub const RECOVERED_KEY: &str = "playguard:recovered:";
 pub const POISON_ERROR: &str = "Playguard::PoisonPill";
 
 static RECOVER: std::sync::LazyLock<redis::Script> =
@@ -26,7 +27,11 @@ static DRAIN: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/drain.lua")));
 
 /// Whether a process on this host with that pid is certainly gone.
-fn local_pid_gone(identity: &str) -> bool {
+fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
+    // Only a process in the same kernel boot and pid namespace can read another's pid.
+    if their_ns.is_empty() || their_ns != crate::heartbeat::pid_namespace() {
+        return false;
+    }
     let mut parts = identity.rsplitn(3, ':');
     let (_nonce, pid, host) = (parts.next(), parts.next(), parts.next());
     let Some(pid) = pid.and_then(|p| p.parse::<i32>().ok()) else {
@@ -67,8 +72,13 @@ async fn sweep_locked(rt: &Runtime) -> redis::RedisResult<i64> {
         if identity == rt.identity {
             continue;
         }
-        let queues: Vec<String> = serde_json::from_str(&queues).unwrap_or_default();
-        let force = local_pid_gone(&identity);
+        let entry: Value = serde_json::from_str(&queues).unwrap_or(Value::Null);
+        let queues: Vec<String> = entry
+            .get("queues")
+            .and_then(|q| serde_json::from_value(q.clone()).ok())
+            .unwrap_or_default();
+        let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
+        let force = local_pid_gone(&identity, ns);
         let mut inv = RECOVER.key(FETCHERS_KEY);
         inv.key(alive_key(&identity))
             .key(RECOVERED_KEY)
