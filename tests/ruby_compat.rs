@@ -297,3 +297,71 @@ fn bad_manifest_stops_startup_naming_file_and_entry() {
     assert!(!chk.status.success());
     assert!(String::from_utf8_lossy(&chk.stderr).contains("broken.toml"));
 }
+
+#[test]
+fn dead_set_is_trimmed_as_sidekiq_trims_it() {
+    let redis = RedisServer::start();
+    let p = project();
+    let mut c = redis.conn();
+    // 10,000 old-but-recent entries, plus one older than 180 days.
+    let now = playguard::payload::now_f64();
+    let mut zadd = redis::cmd("ZADD");
+    zadd.arg("dead");
+    for i in 0..10_000 {
+        zadd.arg(now - 1000.0 + i as f64 / 100.0)
+            .arg(format!("{{\"jid\":\"old{i}\"}}"));
+    }
+    zadd.arg(now - 181.0 * 86400.0).arg("{\"jid\":\"ancient\"}");
+    let _: () = zadd.query(&mut c).unwrap();
+    let job = r#"{"class":"FailJob","args":["d"],"retry":0,"jid":"fresh0000000000000000000","queue":"default"}"#;
+    let _: () = redis::cmd("LPUSH")
+        .arg("queue:default")
+        .arg(job)
+        .query(&mut c)
+        .unwrap();
+    // A payload of an unknown class without `retry` is dropped, as Ruby's global handler does.
+    let stray =
+        r#"{"class":"NoSuchJob","args":[],"jid":"stray000000000000000000","queue":"default"}"#;
+    let _: () = redis::cmd("LPUSH")
+        .arg("queue:default")
+        .arg(stray)
+        .query(&mut c)
+        .unwrap();
+    let mut w = Worker::start(&redis, p.path(), &[]);
+    wait_until(
+        "the fresh failure reached dead",
+        Duration::from_secs(20),
+        || {
+            let d: Vec<String> = redis::cmd("ZRANGE")
+                .arg("dead")
+                .arg(-1)
+                .arg(-1)
+                .query(&mut c)
+                .unwrap();
+            d.first().is_some_and(|m| m.contains("fresh0000"))
+        },
+    );
+    wait_until("both jobs counted", Duration::from_secs(20), || {
+        redis::cmd("GET")
+            .arg("stat:failed")
+            .query::<Option<i64>>(&mut c)
+            .unwrap()
+            == Some(2)
+    });
+    // api.rb: ZREMRANGEBYSCORE by 180 days, then ZREMRANGEBYRANK 0 -10000 (keeps 9,999).
+    let n: i64 = redis::cmd("ZCARD").arg("dead").query(&mut c).unwrap();
+    assert_eq!(n, 9_999);
+    let ancient: Option<f64> = redis::cmd("ZSCORE")
+        .arg("dead")
+        .arg("{\"jid\":\"ancient\"}")
+        .query(&mut c)
+        .unwrap();
+    assert!(ancient.is_none());
+    let retries: i64 = redis::cmd("ZCARD").arg("retry").query(&mut c).unwrap();
+    assert_eq!(
+        retries, 0,
+        "the stray unknown-class job without `retry` was dropped"
+    );
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+}
