@@ -324,26 +324,10 @@ fn sigkilled_process_leaves_process_set_once_its_hash_expires() {
 
 /// Whether the rack pieces for serving Sidekiq::Web are installed (ruby-rack, ruby-webrick).
 fn web_available() -> bool {
-    if !ruby_available() {
-        return false;
-    }
-    let ok = Command::new("ruby")
-        .args([
-            "-e",
-            "require 'sidekiq/web'; require 'rack/session/cookie'; require 'rack/handler/webrick'",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok && std::env::var("PLAYGUARD_REQUIRE_RUBY").as_deref() == Ok("1") {
-        panic!("ruby-rack and ruby-webrick are required (PLAYGUARD_REQUIRE_RUBY=1) to serve Sidekiq::Web");
-    }
-    if !ok {
-        eprintln!("skipping: cannot load sidekiq/web with rack's WEBrick handler (apt-get install ruby-rack ruby-webrick)");
-    }
-    ok
+    ruby_can(
+        "require 'sidekiq/web'; require 'rack/session/cookie'; require 'rack/handler/webrick'",
+        "ruby-sidekiq ruby-rack ruby-webrick",
+    )
 }
 
 fn free_port() -> u16 {

@@ -260,18 +260,24 @@ impl Drop for Worker {
 /// Whether the real Ruby Sidekiq is here. With PLAYGUARD_REQUIRE_RUBY=1 (as .ci/run sets) its
 /// absence fails the test instead of skipping it.
 pub fn ruby_available() -> bool {
+    ruby_can("require 'sidekiq'; require 'sidekiq/api'", "ruby-sidekiq")
+}
+
+/// Whether Ruby can run `requires`; skips (or fails under PLAYGUARD_REQUIRE_RUBY=1) naming the
+/// Debian `packages` that provide it.
+pub fn ruby_can(requires: &str, packages: &str) -> bool {
     let ok = Command::new("ruby")
-        .args(["-e", "require 'sidekiq'; require 'sidekiq/api'"])
+        .args(["-e", requires])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
     if !ok && std::env::var("PLAYGUARD_REQUIRE_RUBY").as_deref() == Ok("1") {
-        panic!("ruby-sidekiq is required (PLAYGUARD_REQUIRE_RUBY=1) but `ruby -e \"require 'sidekiq'\"` fails");
+        panic!("{packages} required (PLAYGUARD_REQUIRE_RUBY=1) but `ruby -e \"{requires}\"` fails");
     }
     if !ok {
-        eprintln!("skipping: ruby-sidekiq is not installed");
+        eprintln!("skipping: `ruby -e \"{requires}\"` fails (apt-get install {packages})");
     }
     ok
 }
