@@ -6,7 +6,7 @@ mod support;
 
 use serde_json::Value;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -328,14 +328,6 @@ fn web_available() -> bool {
         "require 'sidekiq/web'; require 'rack/session/cookie'; require 'rack/handler/webrick'",
         "ruby-sidekiq ruby-rack ruby-webrick",
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// One HTTP/1.0 exchange; (status, head, body), or None when nothing answers yet.
