@@ -133,15 +133,23 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
     );
     p.write("release", "");
     let total = 1 + 2 + 3 + 3;
-    wait_until("all jobs ran", Duration::from_secs(60), || {
-        let m = scrape(port);
-        let done: f64 = m
-            .iter()
-            .filter(|(k, _)| k.starts_with("playguard_jobs_processed_total{"))
-            .map(|(_, v)| v)
-            .sum();
-        done == total as f64
-    });
+    // The processor counts a job as processed before it counts its fate (retried/dead/
+    // discarded), writes the outcome to Redis and frees its slot, so "processed == total"
+    // alone can be scraped while the last job is still finishing. All jobs are done once
+    // every one is counted and no slot is busy.
+    wait_until(
+        "all jobs ran and freed their slots",
+        Duration::from_secs(60),
+        || {
+            let m = scrape(port);
+            let done: f64 = m
+                .iter()
+                .filter(|(k, _)| k.starts_with("playguard_jobs_processed_total{"))
+                .map(|(_, v)| v)
+                .sum();
+            done == total as f64 && val(&m, "playguard_busy_slots") == 0.0
+        },
+    );
     let m = scrape(port);
     let expect = [
         (
