@@ -14,7 +14,9 @@ use std::future::Future;
 use std::time::Duration;
 use support::RedisServer;
 
-const TTL: Duration = Duration::from_millis(300);
+// Long enough that a loaded CI machine never stalls a holder past its lease by accident, short
+// enough that the timelines which freeze a holder past it stay quick.
+const TTL: Duration = Duration::from_millis(1000);
 /// How long a test waits for a condition before failing.
 const PATIENCE: Duration = Duration::from_secs(5);
 
