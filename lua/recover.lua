@@ -9,6 +9,10 @@
 if ARGV[3] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
   return -1
 end
+-- Without its queue names we cannot find its working lists: keep the entry, forget nothing.
+if #ARGV < 4 then
+  return -2
+end
 local moved = 0
 for i = 4, #ARGV do
   local q = ARGV[i]

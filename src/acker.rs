@@ -15,15 +15,19 @@ type Ack = (String, Vec<u8>);
 
 pub struct Acker {
     tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Ack>>>,
+    /// Acks queued or being sent, not yet confirmed by Redis.
+    pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Acker {
     pub fn start(conn: crate::redis_conn::Conn) -> Acker {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(conn, rx));
+        let pending = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let task = tokio::spawn(run(conn, rx, pending.clone()));
         Acker {
             tx: std::sync::Mutex::new(Some(tx)),
+            pending,
             task: tokio::sync::Mutex::new(Some(task)),
         }
     }
@@ -31,8 +35,15 @@ impl Acker {
     /// Queue the ack of one job (working list key, exact payload).
     pub fn ack(&self, working_key: String, raw: Vec<u8>) {
         if let Some(tx) = self.tx.lock().unwrap().as_ref() {
+            self.pending
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let _ = tx.send((working_key, raw));
         }
+    }
+
+    /// Acks not yet confirmed by Redis.
+    pub fn pending(&self) -> usize {
+        self.pending.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Stop taking acks and wait until every queued one was sent.
@@ -48,7 +59,11 @@ impl Acker {
 const FLUSH_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 const RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
-async fn run(mut conn: crate::redis_conn::Conn, mut rx: mpsc::UnboundedReceiver<Ack>) {
+async fn run(
+    mut conn: crate::redis_conn::Conn,
+    mut rx: mpsc::UnboundedReceiver<Ack>,
+    pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
     let mut batch: Vec<Ack> = Vec::with_capacity(MAX_BATCH);
     let mut closed_at: Option<tokio::time::Instant> = None;
     loop {
@@ -70,7 +85,10 @@ async fn run(mut conn: crate::redis_conn::Conn, mut rx: mpsc::UnboundedReceiver<
             inv.key(key).arg(raw);
         }
         match inv.invoke_async::<i64>(&mut conn).await {
-            Ok(_) => batch.clear(),
+            Ok(_) => {
+                pending.fetch_sub(batch.len(), std::sync::atomic::Ordering::SeqCst);
+                batch.clear();
+            }
             Err(e) => {
                 // Keep the batch: an ack that never lands would let a clean stop push a
                 // finished job back to its queue. Retry until Redis answers; after shutdown

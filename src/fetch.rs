@@ -18,8 +18,10 @@ use tokio::task::JoinSet;
 pub const BLOCK_TIMEOUT_SECS: f64 = 2.0;
 /// Pause after a Redis error in the fetch path, as Sidekiq does.
 const ERROR_PAUSE: Duration = Duration::from_secs(1);
-/// How long quiet waits for blocked pops to come back.
-const BLOCKERS_GRACE: Duration = Duration::from_secs(5);
+/// How long quiet waits for blocked pops to come back: past their reply deadline, so a pop
+/// that already happened is never abandoned while its reply is still on the way.
+const BLOCKERS_GRACE: Duration =
+    Duration::from_secs(crate::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
 /// Most jobs one fetch script moves.
 const MAX_BATCH: usize = 256;
 
@@ -73,7 +75,13 @@ impl QueueOrder {
     }
 }
 
-type Delivery = Option<Fetched>;
+/// What a blocker hands the fetch loop: which blocker, what it popped, and whether it hit an
+/// error (with reliable fetch an error may hide a job moved into our working list).
+struct Delivery {
+    from: usize,
+    job: Option<Fetched>,
+    failed: bool,
+}
 
 /// One blocking pop loop on its own connection. It pops only when armed, so it never takes
 /// more work than the fetch loop asked for.
@@ -106,6 +114,7 @@ enum BlockCmd {
 }
 
 fn spawn_blocker(
+    index: usize,
     rt: Arc<Runtime>,
     what: BlockCmd,
     tx: mpsc::UnboundedSender<Delivery>,
@@ -117,7 +126,7 @@ fn spawn_blocker(
     let b = Blocker {
         arm: arm.clone(),
         client_id: client_id.clone(),
-        busy: busy.clone(),
+        busy,
     };
     set.spawn(tracing::Instrument::instrument(async move {
         let mut conn: Option<redis::aio::MultiplexedConnection> = None;
@@ -139,8 +148,7 @@ fn spawn_blocker(
                     Err(e) => {
                         tracing::warn!(error = %e, "fetch: cannot connect to Redis; retrying in 1s");
                         tokio::time::sleep(ERROR_PAUSE).await;
-                        busy.store(false, std::sync::atomic::Ordering::SeqCst);
-                        let _ = tx.send(None);
+                        let _ = tx.send(Delivery { from: index, job: None, failed: true });
                         continue;
                     }
                 }
@@ -179,16 +187,14 @@ fn spawn_blocker(
             };
             match res {
                 Ok(d) => {
-                    busy.store(false, std::sync::atomic::Ordering::SeqCst);
-                    let _ = tx.send(d);
+                    let _ = tx.send(Delivery { from: index, job: d, failed: false });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                     conn = None;
                     client_id.store(-1, std::sync::atomic::Ordering::SeqCst);
                     tokio::time::sleep(ERROR_PAUSE).await;
-                    busy.store(false, std::sync::atomic::Ordering::SeqCst);
-                    let _ = tx.send(None);
+                    let _ = tx.send(Delivery { from: index, job: None, failed: true });
                 }
             }
         }
@@ -248,8 +254,10 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
             .queues
             .names()
             .into_iter()
-            .map(|q| {
+            .enumerate()
+            .map(|(i, q)| {
                 spawn_blocker(
+                    i,
                     rt.clone(),
                     BlockCmd::Blmove(q),
                     tx.clone(),
@@ -259,12 +267,32 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
             .collect()
     } else {
         (0..rt.config.concurrency.min(MAX_BRPOP_CONNECTIONS))
-            .map(|_| spawn_blocker(rt.clone(), BlockCmd::Brpop, tx.clone(), &mut blocker_tasks))
+            .map(|i| {
+                spawn_blocker(
+                    i,
+                    rt.clone(),
+                    BlockCmd::Brpop,
+                    tx.clone(),
+                    &mut blocker_tasks,
+                )
+            })
             .collect()
     };
     drop(tx);
     let mut pending: Vec<Fetched> = Vec::new();
     let mut idle = false;
+    // Set when a fetch failed in a way that may have moved a job into our working list
+    // without telling us; cleared by a rescue once we are fully idle.
+    let mut suspect = false;
+    // The loop, not the blocker, marks a blocker free again once its delivery is in hand,
+    // so a delivery in flight is never mistaken for a free blocker (no over-fetch).
+    let take = |d: Delivery, pending: &mut Vec<Fetched>, suspect: &mut bool| {
+        blockers[d.from]
+            .busy
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        *suspect |= d.failed;
+        pending.extend(d.job);
+    };
     'outer: loop {
         // Start whatever we hold, as slots allow.
         while let Some(f) = pending.pop() {
@@ -287,7 +315,7 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
             p = sem.clone().acquire_owned() => { drop(p); sem.available_permits() }
         };
         while let Ok(d) = rx.try_recv() {
-            pending.extend(d);
+            take(d, &mut pending, &mut suspect);
         }
         if !pending.is_empty() {
             idle = false;
@@ -303,12 +331,38 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    // The script may have run even though its reply was lost.
+                    suspect = true;
                     tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                     tokio::select! {
                         _ = tokio::time::sleep(ERROR_PAUSE) => continue,
                         _ = rt.shutdown.quieted() => break,
                     }
                 }
+            }
+        }
+        // Fully idle after a fetch error: anything in our working lists now is a job a lost
+        // reply moved there. Nothing runs, no ack waits, no pop is in flight, and only this
+        // loop adds to the lists, so push them all back to their queues.
+        if suspect
+            && sem.available_permits() == rt.config.concurrency
+            && rt.acker.pending() == 0
+            && blockers
+                .iter()
+                .all(|b| !b.busy.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            match crate::sweeper::drain_own(&rt).await {
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::warn!(
+                            jobs = n,
+                            "returned jobs a failed fetch had moved into our working list"
+                        );
+                    }
+                    suspect = false;
+                    continue;
+                }
+                Err(e) => tracing::warn!(error = %e, "fetch: could not check our working lists"),
             }
         }
         // Nothing ready: block until something arrives (or quiet). Reliable: one BLMOVE per
@@ -336,16 +390,19 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
         }
         tokio::select! {
             d = rx.recv() => match d {
-                Some(Some(f)) => {
+                Some(d) if d.job.is_some() => {
                     idle = false;
-                    pending.push(f);
+                    take(d, &mut pending, &mut suspect);
                     // Reliable: stop the other queues' waiters; whatever they already moved is
                     // delivered too. (Basic BRPOPs each wait for a slot of their own.)
                     if rt.reliable() && blockers.len() > 1 {
                         unblock(&rt, &blockers).await;
                     }
                 }
-                Some(None) => idle = true,
+                Some(d) => {
+                    idle = true;
+                    take(d, &mut pending, &mut suspect);
+                }
                 None => break,
             },
             _ = rt.shutdown.quieted() => break,
@@ -367,7 +424,7 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
         blocker_tasks.abort_all();
     }
     while let Ok(d) = rx.try_recv() {
-        pending.extend(d);
+        take(d, &mut pending, &mut suspect);
     }
     for f in pending {
         rt.requeue_logged(&f).await;

@@ -234,6 +234,11 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
     if j.on_lock_lost.is_some() && j.lock.is_none() {
         return Err("on_lock_lost needs a `lock`".into());
     }
+    // The cycle renews a lease after every phase, so phases need one. (A per-jid default lock
+    // would make a recovered copy of a crashed run skip itself as "already locked".)
+    if !j.phases.is_empty() && j.lock.is_none() {
+        return Err("[[job.phase]] entries need a `lock` (key, ttl_secs) to run under".into());
+    }
     Ok(())
 }
 
@@ -354,6 +359,9 @@ for_each_member_of = "s"
         let e = load("[[job]]\nclass = \"A\"\nrun=[\"x\"]\nlock = { key = \"k:{arg.0}\" }\n")
             .unwrap_err();
         assert!(e.to_string().contains("placeholder"), "{e}");
+        let e = load("[[job]]\nclass = \"P\"\n[[job.phase]]\nname = \"a\"\nrun = [\"x\"]\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("need a `lock`"), "{e}");
     }
 
     #[test]

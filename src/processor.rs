@@ -82,7 +82,11 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
             } else {
                 std::time::Duration::ZERO
             };
-            let mut run = std::panic::AssertUnwindSafe(h.perform(ctx)).catch_unwind();
+            // perform() itself runs inside the guard too: a closure may panic before its
+            // async block starts.
+            let mut run = Box::pin(
+                std::panic::AssertUnwindSafe(async move { h.perform(ctx).await }).catch_unwind(),
+            );
             let caught = |r: std::thread::Result<Outcome>| match r {
                 Ok(o) => o,
                 Err(p) => Outcome::Failed(Failure::new("Playguard::Panic", panic_message(p))),

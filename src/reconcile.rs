@@ -231,18 +231,12 @@ impl Cycle {
 }
 
 pub fn from_manifest(j: &JobSpec) -> Arc<dyn Handler> {
-    let lock = match &j.lock {
-        Some(l) => LockConfig {
-            key: l.key.clone(),
-            ttl: Duration::from_secs_f64(l.ttl_secs),
-            label: l.label.clone(),
-        },
-        // A phased job without a lock still gets one per jid, so the cycle logic is uniform.
-        None => LockConfig {
-            key: "playguard:job:{class}:{jid}".into(),
-            ttl: Duration::from_secs(900),
-            label: None,
-        },
+    // Manifest validation guarantees phased jobs have a lock.
+    let l = j.lock.as_ref().expect("validated: phased jobs have a lock");
+    let lock = LockConfig {
+        key: l.key.clone(),
+        ttl: Duration::from_secs_f64(l.ttl_secs),
+        label: l.label.clone(),
     };
     Arc::new(Cycle {
         lock,
@@ -444,7 +438,13 @@ async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
             };
             match tokio::time::timeout(grace, &mut task).await {
                 Ok(Ok(end)) => end,
-                _ => { task.abort(); PhaseEnd::Stopped(cause) }
+                _ => {
+                    // Let the abort's drop (which SIGKILLs the command's group) happen before
+                    // the caller releases the lock.
+                    task.abort();
+                    let _ = tokio::time::timeout(Duration::from_millis(50), &mut task).await;
+                    PhaseEnd::Stopped(cause)
+                }
             }
         }
     }

@@ -48,20 +48,28 @@ fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
 
 /// One sweep (if this process wins the lease). Returns how many jobs were recovered.
 pub async fn sweep(rt: &Runtime) -> redis::RedisResult<i64> {
-    // Held only for the sweep itself; its TTL covers a sweeper that dies mid-sweep.
-    let Some(lease) = crate::lock::acquire(&rt.conn, SWEEP_LOCK, SWEEP_LEASE).await? else {
-        return Ok(0);
-    };
-    let result = sweep_locked(rt).await;
-    let _ = lease.release().await;
-    result
+    // The lock spaces sweeps out fleet-wide (one per SWEEP_EVERY, not one per process); it is
+    // left to expire rather than released, so it rate-limits. Each recovery is one atomic
+    // script, so two sweeps at once are harmless: that is why a process starting up sweeps
+    // without it (see `run`) and recovers its predecessor's jobs at once.
+    if crate::lock::once(
+        &rt.conn,
+        SWEEP_LOCK,
+        SWEEP_EVERY.saturating_sub(Duration::from_millis(500)),
+    )
+    .await?
+    {
+        sweep_now(rt).await
+    } else {
+        Ok(0)
+    }
 }
 
-/// The lock that makes one process at a time sweep.
+/// The key that spaces sweeps out across the fleet.
 pub const SWEEP_LOCK: &str = "playguard:sweep";
-const SWEEP_LEASE: Duration = Duration::from_secs(30);
 
-async fn sweep_locked(rt: &Runtime) -> redis::RedisResult<i64> {
+/// Recover every dead process's working lists now.
+pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
     let mut conn = rt.conn.clone();
     let fetchers: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(FETCHERS_KEY)
@@ -72,11 +80,19 @@ async fn sweep_locked(rt: &Runtime) -> redis::RedisResult<i64> {
         if identity == rt.identity {
             continue;
         }
+        // {"queues": [...], "ns": "..."}; a bare array of queue names is read too.
         let entry: Value = serde_json::from_str(&queues).unwrap_or(Value::Null);
-        let queues: Vec<String> = entry
-            .get("queues")
+        let list = match &entry {
+            Value::Array(_) => Some(&entry),
+            _ => entry.get("queues"),
+        };
+        let queues: Vec<String> = list
             .and_then(|q| serde_json::from_value(q.clone()).ok())
             .unwrap_or_default();
+        if queues.is_empty() {
+            tracing::warn!(process = %identity, "fetcher entry without queues; leaving it alone");
+            continue;
+        }
         let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
         let force = local_pid_gone(&identity, ns);
         let mut inv = RECOVER.key(FETCHERS_KEY);
@@ -154,8 +170,14 @@ pub async fn drain_own(rt: &Runtime) -> redis::RedisResult<i64> {
 
 /// Sweep now and every SWEEP_EVERY until stopping.
 pub async fn run(rt: std::sync::Arc<Runtime>) {
+    let mut first = true;
     loop {
-        if let Err(e) = sweep(&rt).await {
+        let r = if std::mem::take(&mut first) {
+            sweep_now(&rt).await
+        } else {
+            sweep(&rt).await
+        };
+        if let Err(e) = r {
             tracing::warn!(error = %e, "orphan sweep: Redis error");
         }
         tokio::select! {

@@ -225,3 +225,58 @@ fn json_logs_carry_pid_jid_class_and_numeric_elapsed_ms() {
         .iter()
         .any(|v| v["message"] == "working" && v["stream"] == "stdout"));
 }
+
+#[test]
+fn a_user_denied_info_still_runs() {
+    // Managed Redis often denies INFO (@dangerous); like Sidekiq, carry on without the version.
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "app",
+            "on",
+            ">pw",
+            "~*",
+            "&*",
+            "+@all",
+            "-@dangerous",
+        ])
+        .query(&mut c)
+        .unwrap();
+    let url = format!("redis://app:pw@127.0.0.1:{}/0", redis.port);
+    let out = Command::new(bin())
+        .args(["check", "-j", "none", "-r", &url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Redis unknown"));
+    // And the worker runs jobs and stops cleanly (CLIENT UNBLOCK is denied too: the blocked
+    // pops then end by their own 2 s timeout).
+    let p = Project::new();
+    p.script("jobs/bin/ok", "#!/bin/sh\necho ran >> ran.log\n");
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
+    );
+    let mut w = Command::new(bin())
+        .args(["run", "-r", &url])
+        .current_dir(p.path())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let enq = Command::new(bin())
+        .args(["enqueue", "-r", &url, "OkJob"])
+        .output()
+        .unwrap();
+    assert!(enq.status.success());
+    wait_until("job ran", Duration::from_secs(20), || {
+        p.path().join("ran.log").exists()
+    });
+    signal(w.id() as i32, "TERM");
+    assert!(w.wait().unwrap().success());
+}
