@@ -86,6 +86,24 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    // If the worker dies (SIGKILL, OOM), the command must not run on without it: that would
+    // be a job running twice once it is recovered, or a phase running on without its lease.
+    // PR_SET_PDEATHSIG delivers SIGKILL when the spawning thread goes; tokio's worker
+    // threads live as long as the process. The getppid check closes the race where the
+    // worker died between fork and prctl.
+    let parent = std::process::id() as nix::libc::pid_t;
+    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if nix::libc::getppid() != parent {
+                nix::libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}")),

@@ -318,3 +318,32 @@ fn works_under_foreman() {
     assert_eq!(q.len(), 1, "requeued once under foreman: {q:?}");
     assert!(q[0].contains(&jid));
 }
+
+#[test]
+fn a_sigkilled_worker_takes_its_running_command_with_it() {
+    // Otherwise the recovered job would run twice at once, or a phase would run on unleased.
+    let redis = RedisServer::start();
+    let p = phased_project(60, 30);
+    p.script(
+        "jobs/bin/plain",
+        "#!/bin/sh\necho $$ > plain.pid\nexec sleep 60\n",
+    );
+    let mut w = Worker::start(&redis, p.path(), &[]);
+    enqueue(&redis, "PlainJob", "k");
+    let pid = || {
+        std::fs::read_to_string(p.path().join("plain.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+    };
+    wait_until("command running", Duration::from_secs(10), || {
+        pid().is_some()
+    });
+    let cmd = pid().unwrap();
+    assert!(alive(cmd));
+    w.kill9();
+    wait_until(
+        "the command died with its worker",
+        Duration::from_secs(10),
+        || !alive(cmd),
+    );
+}
