@@ -4,7 +4,6 @@
 
 use crate::config::{self, Config};
 use crate::handler::Registry;
-use crate::manifest::Manifest;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -222,8 +221,12 @@ fn run(a: RunArgs, registry: Registry) -> i32 {
     let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
     match runtime().block_on(fut) {
         Ok(()) => 0,
+        // One line, on stderr: configuration errors exit 2, an unreachable Redis 1.
+        Err(e @ crate::launcher::StartError::Config(_)) => {
+            eprintln!("playguard: configuration error: {e}");
+            2
+        }
         Err(e) => {
-            tracing::error!("{e}");
             eprintln!("playguard: {e}");
             1
         }
@@ -272,7 +275,7 @@ fn enqueue(a: EnqueueArgs) -> i32 {
 }
 
 fn check(a: CheckArgs, registry: &Registry) -> i32 {
-    let m = match Manifest::load(&a.jobs) {
+    let m = match crate::launcher::load_manifest(&a.jobs, registry) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("playguard: bad manifest: {e}");

@@ -107,6 +107,34 @@ async fn heartbeat_loop(rt: Arc<Runtime>, info: String) {
     }
 }
 
+/// Load and check the manifests: every command must exist, and a worker with no job class
+/// at all (a wrong working directory, a mistyped -j) refuses to start rather than fail every
+/// job it takes.
+pub fn load_manifest(dir: &std::path::Path, registry: &Registry) -> Result<Manifest, StartError> {
+    let manifest = Manifest::load(dir).map_err(|e| StartError::Config(e.to_string()))?;
+    manifest
+        .check_commands()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    // (A dispatch-only process, with [[periodic]] entries and no job class, is fine.)
+    if manifest.jobs.is_empty() && manifest.periodic.is_empty() && registry.classes().is_empty() {
+        let cwd = std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        return Err(StartError::Config(format!(
+            "no job classes: {} holds no [[job]] or [[periodic]] manifests (working directory {cwd}) and no Rust handler is registered",
+            dir.display()
+        )));
+    }
+    let known: Vec<&str> = manifest.jobs.iter().map(|j| j.class.as_str()).collect();
+    for p in &manifest.periodic {
+        if !known.contains(&p.class.as_str()) && !registry.contains(&p.class) {
+            tracing::warn!(periodic = %p.name, class = %p.class,
+                "periodic entry enqueues a class this worker does not define (fine if another worker runs it)");
+        }
+    }
+    Ok(manifest)
+}
+
 /// Register a command or phased job for every manifest entry.
 pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
     for j in &manifest.jobs {
@@ -138,15 +166,16 @@ pub async fn run_with(
     shutdown: Shutdown,
     signals_too: bool,
 ) -> Result<(), StartError> {
-    let manifest =
-        Manifest::load(&config.jobs_dir).map_err(|e| StartError::Config(e.to_string()))?;
+    let manifest = load_manifest(&config.jobs_dir, &registry)?;
     register_manifest(&mut registry, &manifest);
     let url = config.redis_url.clone();
     let redis_err = |err| StartError::Redis {
         url: url.clone(),
         err,
     };
-    let client = crate::redis_conn::client(&config.redis_url).map_err(redis_err)?;
+    // A URL that does not parse is a configuration error, not an unreachable server.
+    let client = crate::redis_conn::client(&config.redis_url)
+        .map_err(|e| StartError::Config(format!("bad Redis URL {:?}: {e}", config.redis_url)))?;
     let mut conn = crate::redis_conn::shared(&client)
         .await
         .map_err(redis_err)?;

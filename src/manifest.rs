@@ -39,6 +39,9 @@ pub struct ManifestError {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
+    /// The manifest file this entry came from (for error messages).
+    #[serde(skip)]
+    pub file: String,
     pub class: String,
     #[serde(default)]
     pub run: Option<Vec<String>>,
@@ -139,7 +142,8 @@ impl Manifest {
                 std::fs::read_to_string(&path).map_err(|e| err(&path, "file", e.to_string()))?;
             let f: File = toml::from_str(&text)
                 .map_err(|e| err(&path, "syntax", e.to_string().trim_end().to_string()))?;
-            for (i, j) in f.job.into_iter().enumerate() {
+            for (i, mut j) in f.job.into_iter().enumerate() {
+                j.file = path.display().to_string();
                 let entry = format!("[[job]] #{} (class {:?})", i + 1, j.class);
                 validate_job(&j).map_err(|msg| err(&path, &entry, msg))?;
                 if let Some(prev) = seen.insert(j.class.clone(), path.display().to_string()) {
@@ -158,6 +162,62 @@ impl Manifest {
             }
         }
         Ok(m)
+    }
+}
+
+impl Manifest {
+    /// Every command a job or phase names must be there to run: a path (relative to the
+    /// working directory) to an executable file, or a program found on PATH.
+    pub fn check_commands(&self) -> Result<(), ManifestError> {
+        for j in &self.jobs {
+            let argvs: Vec<(&[String], String)> = match &j.run {
+                Some(argv) => vec![(argv.as_slice(), "run".to_string())],
+                None => j
+                    .phases
+                    .iter()
+                    .map(|p| (p.run.as_slice(), format!("phase {:?}", p.name)))
+                    .collect(),
+            };
+            for (argv, what) in argvs {
+                let prog = argv.first().map(String::as_str).unwrap_or("");
+                if let Err(why) = find_program(prog) {
+                    return Err(ManifestError {
+                        file: j.file.clone(),
+                        entry: format!("[[job]] (class {:?})", j.class),
+                        message: format!("{what}: {why}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn find_program(prog: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if prog.contains('/') {
+        let p = Path::new(prog);
+        if !p.exists() {
+            let cwd = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            return Err(format!(
+                "{prog:?} does not exist (relative to the working directory {cwd})"
+            ));
+        }
+        if !runnable(p) {
+            return Err(format!("{prog:?} is not an executable file (chmod +x?)"));
+        }
+        return Ok(());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| runnable(&d.join(prog))) {
+        Ok(())
+    } else {
+        Err(format!("{prog:?} is not on PATH"))
     }
 }
 

@@ -26,6 +26,11 @@ fn check_accepts_the_shipped_manifests() {
 fn yaml_config_with_env_section_and_flags_that_win() {
     let redis = RedisServer::start();
     let p = Project::new();
+    p.script("jobs/bin/ok", "#!/bin/sh\n");
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
+    );
     p.write(
         "config/sidekiq.yml",
         ":concurrency: 3\n:queues:\n  - [critical, 3]\n  - low\ntag: from-yaml\nproduction:\n  concurrency: 7\n",
@@ -124,7 +129,7 @@ fn configuration_errors_are_one_clear_line() {
     let err = String::from_utf8_lossy(&bad_q.stderr);
     assert!(err.contains("weight must be a whole number"), "{err}");
     let unreachable = Command::new(bin())
-        .args(["run", "-r", "redis://127.0.0.1:1/0", "-j", "none"])
+        .args(["run", "-r", "redis://127.0.0.1:1/0"])
         .output()
         .unwrap();
     assert_ne!(unreachable.status.code(), Some(0));
@@ -246,7 +251,7 @@ fn a_user_denied_info_still_runs() {
         .unwrap();
     let url = format!("redis://app:pw@127.0.0.1:{}/0", redis.port);
     let out = Command::new(bin())
-        .args(["check", "-j", "none", "-r", &url])
+        .args(["check", "-r", &url])
         .output()
         .unwrap();
     assert!(

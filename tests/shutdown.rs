@@ -253,7 +253,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
 #[test]
 fn idle_worker_stops_fast_and_leaves_the_process_set() {
     let redis = RedisServer::start();
-    let p = Project::new();
+    let p = phased_project(60, 1);
     let mut w = Worker::start(&redis, p.path(), &[]);
     w.wait_for_line("playguard starting", Duration::from_secs(10));
     let mut c = redis.conn();

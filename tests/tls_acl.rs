@@ -138,13 +138,13 @@ fn tls_acl_and_database_number() {
     assert!(w.wait().unwrap().success());
     // Without the CA the server's certificate is refused (no silent downgrade) ...
     let no_ca = Command::new(bin())
-        .args(["check", "-j", "none", "-r", &url])
+        .args(["check", "-r", &url])
         .output()
         .unwrap();
     assert!(!no_ca.status.success());
     // ... unless verification is switched off explicitly.
     let insecure = Command::new(bin())
-        .args(["check", "-j", "none", "-r", &format!("{url}#insecure")])
+        .args(["check", "-r", &format!("{url}#insecure")])
         .output()
         .unwrap();
     assert!(
@@ -156,8 +156,6 @@ fn tls_acl_and_database_number() {
     let bad = Command::new(bin())
         .args([
             "check",
-            "-j",
-            "none",
             "-r",
             &format!("rediss://worker:nope@127.0.0.1:{}/2#insecure", r.port),
         ])
