@@ -81,7 +81,8 @@ struct RunArgs {
 struct EnqueueArgs {
     /// The Sidekiq class name.
     class: String,
-    /// Arguments, each a JSON value (a bare word is taken as a string).
+    /// Arguments, each a JSON value (a bare word is taken as a string; -5 is a number).
+    #[arg(allow_hyphen_values = true)]
     args: Vec<String>,
     #[arg(
         short = 'r',
@@ -234,11 +235,23 @@ fn run(a: RunArgs, registry: Registry) -> i32 {
 }
 
 fn enqueue(a: EnqueueArgs) -> i32 {
-    let args: Vec<serde_json::Value> = a
-        .args
-        .iter()
-        .map(|s| serde_json::from_str(s).unwrap_or_else(|_| serde_json::Value::from(s.as_str())))
-        .collect();
+    if a.queue.trim().is_empty() {
+        eprintln!("playguard: --queue must not be empty");
+        return 2;
+    }
+    let mut args = Vec::new();
+    for (i, s) in a.args.iter().enumerate() {
+        match parse_arg(s) {
+            Ok(v) => args.push(v),
+            Err(e) => {
+                eprintln!(
+                    "playguard: argument {} ({s:?}) is not valid JSON: {e}",
+                    i + 1
+                );
+                return 2;
+            }
+        }
+    }
     let retry = match a.retry.as_deref() {
         None | Some("true") => serde_json::Value::Bool(true),
         Some("false") => serde_json::Value::Bool(false),
@@ -270,6 +283,25 @@ fn enqueue(a: EnqueueArgs) -> i32 {
         Err(e) => {
             eprintln!("playguard: cannot enqueue at {}: {e}", a.redis);
             1
+        }
+    }
+}
+
+/// A JSON value; a bare word (not starting like JSON) is taken as a string, so
+/// `enqueue Job hello 42` sends ["hello", 42], while a broken `[1,` is an error, not "[1,".
+fn parse_arg(s: &str) -> Result<serde_json::Value, serde_json::Error> {
+    match serde_json::from_str(s) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let t = s.trim_start();
+            let looks_json = t.starts_with(['[', '{', '"'])
+                || t.starts_with(|c: char| c.is_ascii_digit())
+                || (t.starts_with('-') && t[1..].starts_with(|c: char| c.is_ascii_digit()));
+            if looks_json {
+                Err(e)
+            } else {
+                Ok(serde_json::Value::from(s))
+            }
         }
     }
 }

@@ -315,7 +315,9 @@ fn validate_periodic(p: &PeriodicSpec) -> Result<(), String> {
     Ok(())
 }
 
-/// Placeholders a lock key may use: `{args.N}`, `{jid}`, `{class}`, `{queue}`.
+/// Placeholders a lock key may use: `{args.N}`, `{class}`, `{queue}`. Not `{jid}`: a lock per
+/// job excludes nothing, and each key's `:fence` counter lives forever (fences must never go
+/// back), so a per-jid key would leave one counter behind per job.
 fn check_template(t: &str) -> Result<(), String> {
     let mut rest = t;
     while let Some(open) = rest.find('{') {
@@ -323,13 +325,13 @@ fn check_template(t: &str) -> Result<(), String> {
             .find('}')
             .ok_or_else(|| format!("lock.key {t:?}: unclosed '{{'"))?;
         let name = &rest[open + 1..open + close];
-        let ok = matches!(name, "jid" | "class" | "queue")
+        let ok = matches!(name, "class" | "queue")
             || name
                 .strip_prefix("args.")
                 .is_some_and(|n| n.parse::<usize>().is_ok());
         if !ok {
             return Err(format!(
-                "lock.key {t:?}: unknown placeholder {{{name}}} (use {{args.N}}, {{jid}}, {{class}}, {{queue}})"
+                "lock.key {t:?}: unknown placeholder {{{name}}} (use {{args.N}}, {{class}}, {{queue}})"
             ));
         }
         rest = &rest[open + close + 1..];

@@ -177,7 +177,7 @@ impl Phase for CommandPhase {
 /// Lock settings of a phased job.
 #[derive(Debug, Clone)]
 pub struct LockConfig {
-    /// Key template: `{args.N}`, `{jid}`, `{class}`, `{queue}`.
+    /// Key template: `{args.N}`, `{class}`, `{queue}`.
     pub key: String,
     pub ttl: Duration,
     /// How logs name the guarded thing ("Marquee {args.0}"); default: the key.

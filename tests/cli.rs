@@ -285,3 +285,48 @@ fn a_user_denied_info_still_runs() {
     signal(w.id() as i32, "TERM");
     assert!(w.wait().unwrap().success());
 }
+
+#[test]
+fn enqueue_arguments_are_json_or_bare_words() {
+    let redis = RedisServer::start();
+    let ok = Command::new(bin())
+        .args([
+            "enqueue",
+            "-r",
+            &redis.url(),
+            "ArgJob",
+            "hello",
+            "-5",
+            "[1,{\"a\":null}]",
+            "2.50",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let job: String = redis::cmd("LINDEX")
+        .arg("queue:default")
+        .arg(0)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert!(
+        job.contains(r#""args":["hello",-5,[1,{"a":null}],2.50]"#),
+        "{job}"
+    );
+    for bad in ["[1,", "{bad json"] {
+        let out = Command::new(bin())
+            .args(["enqueue", "-r", &redis.url(), "ArgJob", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("not valid JSON"));
+    }
+    let empty = Command::new(bin())
+        .args(["enqueue", "-r", &redis.url(), "X", "--queue", ""])
+        .output()
+        .unwrap();
+    assert_eq!(empty.status.code(), Some(2));
+}
