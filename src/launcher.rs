@@ -213,8 +213,8 @@ pub async fn run_with(
         .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
     }
     tracing::info!(identity = %rt.identity, redis = %version, concurrency = rt.config.concurrency,
-        queues = ?rt.config.queues.names(), fetch = if rt.reliable() { "reliable" } else { "basic" },
-        classes = ?rt.registry.classes(), "playguard starting");
+        queues = %rt.config.queues.names().join(","), fetch = if rt.reliable() { "reliable" } else { "basic" },
+        classes = %rt.registry.classes().join(","), "playguard starting");
 
     let root = crate::logging::root().clone();
     let rt2 = rt.clone();

@@ -222,10 +222,16 @@ fn json_logs_carry_pid_jid_class_and_numeric_elapsed_ms() {
         done["timestamp"].as_str().unwrap().ends_with('Z'),
         "UTC timestamps"
     );
-    let spans = done["spans"].as_array().unwrap();
-    assert_eq!(spans[0]["pid"], w.pid());
-    assert_eq!(spans[1]["jid"], jid.as_str());
-    assert_eq!(spans[1]["class"], "LogJob");
+    // One flat object: the span fields sit beside the event's own.
+    assert_eq!(done["pid"], w.pid());
+    assert_eq!(done["jid"], jid.as_str());
+    assert_eq!(done["class"], "LogJob");
+    assert_eq!(done["queue"], "default");
+    let start = parsed
+        .iter()
+        .find(|v| v["message"] == "playguard starting")
+        .unwrap();
+    assert_eq!(start["queues"], "default");
     assert!(parsed
         .iter()
         .any(|v| v["message"] == "working" && v["stream"] == "stdout"));
