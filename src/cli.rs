@@ -82,7 +82,7 @@ struct EnqueueArgs {
     /// The Sidekiq class name.
     class: String,
     /// Arguments, each a JSON value (a bare word is taken as a string; -5 is a number).
-    #[arg(allow_hyphen_values = true)]
+    #[arg(allow_negative_numbers = true)]
     args: Vec<String>,
     #[arg(
         short = 'r',
