@@ -32,8 +32,9 @@ enum Cmd {
     Check(CheckArgs),
 }
 
+/// `-r`, shared by every subcommand.
 #[derive(Args, Clone, Default)]
-struct RunArgs {
+struct RedisUrl {
     /// Redis URL (redis://, rediss://, user:password@, /db).
     #[arg(
         short = 'r',
@@ -41,7 +42,13 @@ struct RunArgs {
         env = "REDIS_URL",
         default_value = "redis://127.0.0.1:6379/0"
     )]
-    redis: String,
+    url: String,
+}
+
+#[derive(Args, Clone, Default)]
+struct RunArgs {
+    #[command(flatten)]
+    redis: RedisUrl,
     /// Queue to process, optionally with a weight: -q critical,3 -q default. Repeatable.
     #[arg(short = 'q', long = "queue")]
     queues: Vec<String>,
@@ -84,19 +91,14 @@ struct EnqueueArgs {
     /// Arguments, each a JSON value (a bare word is taken as a string; -5 is a number).
     #[arg(allow_negative_numbers = true)]
     args: Vec<String>,
-    #[arg(
-        short = 'r',
-        long = "redis",
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379/0"
-    )]
-    redis: String,
+    #[command(flatten)]
+    redis: RedisUrl,
     #[arg(long, default_value = "default")]
     queue: String,
     /// Run in this many seconds (goes to the schedule set).
     #[arg(long = "in")]
     in_secs: Option<f64>,
-    /// N or false.
+    /// N, true or false.
     #[arg(long)]
     retry: Option<String>,
 }
@@ -105,13 +107,8 @@ struct EnqueueArgs {
 struct CheckArgs {
     #[arg(short = 'j', long = "jobs", default_value = "jobs")]
     jobs: PathBuf,
-    #[arg(
-        short = 'r',
-        long = "redis",
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379/0"
-    )]
-    redis: String,
+    #[command(flatten)]
+    redis: RedisUrl,
 }
 
 fn environment(flag: Option<String>) -> String {
@@ -125,7 +122,7 @@ fn environment(flag: Option<String>) -> String {
 
 fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
     let mut c = Config {
-        redis_url: a.redis,
+        redis_url: a.redis.url,
         env: environment(a.environment),
         jobs_dir: a.jobs,
         reliable_fetch: a.fetch == "reliable",
@@ -271,7 +268,7 @@ fn enqueue(a: EnqueueArgs) -> i32 {
         at: a.in_secs.map(|s| crate::payload::now_f64() + s),
     };
     let res = runtime().block_on(async {
-        let client = crate::redis_conn::client(&a.redis)?;
+        let client = crate::redis_conn::client(&a.redis.url)?;
         let mut conn = crate::redis_conn::shared(&client).await?;
         crate::enqueue::push(&mut conn, &job).await
     });
@@ -281,7 +278,7 @@ fn enqueue(a: EnqueueArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("playguard: cannot enqueue at {}: {e}", a.redis);
+            eprintln!("playguard: cannot enqueue at {}: {e}", a.redis.url);
             1
         }
     }
@@ -315,7 +312,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
         }
     };
     let res = runtime().block_on(async {
-        let client = crate::redis_conn::client(&a.redis).map_err(|e| e.to_string())?;
+        let client = crate::redis_conn::client(&a.redis.url).map_err(|e| e.to_string())?;
         let mut conn = crate::redis_conn::shared(&client)
             .await
             .map_err(|e| e.to_string())?;
@@ -327,7 +324,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
     });
     match res {
         Err(e) => {
-            eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis);
+            eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis.url);
             1
         }
         Ok(version) => {
@@ -337,7 +334,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
                 a.jobs.display(),
                 m.periodic.len(),
                 registry.classes().len(),
-                a.redis
+                a.redis.url
             );
             0
         }
