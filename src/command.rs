@@ -38,6 +38,20 @@ pub enum Exit {
     SpawnFailed(String),
 }
 
+/// `sh -c SHEPHERD <prog> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
+/// stdin, exits with its status, kills the whole group when the worker dies (SIGUSR2), and on
+/// TERM/INT waits for the command to finish its own shutdown.
+/// (A non-interactive sh gives a background command /dev/null as stdin, so the real stdin
+/// travels through fd 3.)
+const SHEPHERD: &str = r#"trap 'kill -KILL 0' USR2
+trap 'wait "$pid"; exit $?' TERM INT
+exec 3<&0
+"$@" <&3 3<&- &
+pid=$!
+exec 3<&-
+wait "$pid"
+exit $?"#;
+
 /// SIGKILLs a process group when dropped.
 struct GroupGuard(Option<Pid>);
 
@@ -78,24 +92,32 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let Some((prog, args)) = spec.argv.split_first() else {
         return Exit::SpawnFailed("empty argv".into());
     };
-    let mut cmd = Command::new(prog);
-    cmd.args(args)
+    // The command runs under a small sh "shepherd" that leads its process group. If the worker
+    // dies (SIGKILL, OOM), the kernel sends the shepherd SIGUSR2 (PR_SET_PDEATHSIG, kept across
+    // exec) and it SIGKILLs the whole group: the command and anything it started. Otherwise a
+    // recovered job would run beside its orphan, or a phase (and its ssh) run on unleased.
+    // On TERM (our shutdown) the shepherd waits for the command's own exit, so a command that
+    // handles TERM gracefully still can. argv is passed as "$@": still no shell parsing.
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(SHEPHERD)
+        .arg(prog)
+        .arg(prog)
+        .args(args)
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // If the worker dies (SIGKILL, OOM), the command must not run on without it: that would
-    // be a job running twice once it is recovered, or a phase running on without its lease.
-    // PR_SET_PDEATHSIG delivers SIGKILL when the spawning thread goes; tokio's worker
-    // threads live as long as the process. The getppid check closes the race where the
+    // tokio's worker threads, which spawn these, live as long as the process, so the death
+    // signal fires when the worker process goes. The getppid check closes the race where the
     // worker died between fork and prctl.
     let parent = std::process::id() as nix::libc::pid_t;
     // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGKILL, 0, 0, 0) != 0 {
+            if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGUSR2, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             if nix::libc::getppid() != parent {

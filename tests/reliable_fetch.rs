@@ -140,12 +140,12 @@ fn sigkill_three_times_loses_no_job() {
 fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     let redis = RedisServer::start();
     let p = Project::new();
-    // Commands run in their own process group but are direct children of the worker: only
-    // kill the parent when it really is playguard.
+    // A command's parent is playguard's sh shepherd and the worker is one level up: only
+    // kill that process when it really is playguard.
     p.script(
         "jobs/bin/killer",
-        "#!/bin/sh\necho \"$PPID\" >> ppids.txt\n\
-         if [ \"$(cat /proc/$PPID/comm)\" = playguard ]; then kill -9 \"$PPID\"; fi\nsleep 30\n",
+        "#!/bin/sh\nw=$(cut -d' ' -f4 /proc/$PPID/stat)\necho \"$w\" >> ppids.txt\n\
+         if [ \"$(cat /proc/$w/comm)\" = playguard ]; then kill -9 \"$w\"; fi\nsleep 30\n",
     );
     p.write(
         "jobs/app.toml",

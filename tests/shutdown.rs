@@ -321,29 +321,35 @@ fn works_under_foreman() {
 
 #[test]
 fn a_sigkilled_worker_takes_its_running_command_with_it() {
-    // Otherwise the recovered job would run twice at once, or a phase would run on unleased.
+    // Otherwise the recovered job would run twice at once, or a phase (and the ssh it started)
+    // would run on without a lease. The grandchild matters: scripts rarely exec.
     let redis = RedisServer::start();
     let p = phased_project(60, 30);
     p.script(
         "jobs/bin/plain",
-        "#!/bin/sh\necho $$ > plain.pid\nexec sleep 60\n",
+        "#!/bin/sh\nsleep 60 &\necho $! > grandchild.pid\necho $$ > plain.pid\nread -r line\necho \"$line\" > stdin.txt\nwait\n",
     );
     let mut w = Worker::start(&redis, p.path(), &[]);
     enqueue(&redis, "PlainJob", "k");
-    let pid = || {
-        std::fs::read_to_string(p.path().join("plain.pid"))
+    let pid = |f: &str| {
+        std::fs::read_to_string(p.path().join(f))
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
     };
     wait_until("command running", Duration::from_secs(10), || {
-        pid().is_some()
+        pid("plain.pid").is_some() && pid("grandchild.pid").is_some()
     });
-    let cmd = pid().unwrap();
-    assert!(alive(cmd));
+    // The payload still arrives on the command's stdin.
+    wait_until("stdin read", Duration::from_secs(10), || {
+        std::fs::read_to_string(p.path().join("stdin.txt"))
+            .is_ok_and(|s| s.contains("\"class\":\"PlainJob\""))
+    });
+    let (cmd, grandchild) = (pid("plain.pid").unwrap(), pid("grandchild.pid").unwrap());
+    assert!(alive(cmd) && alive(grandchild));
     w.kill9();
     wait_until(
-        "the command died with its worker",
+        "the command and its child died with their worker",
         Duration::from_secs(10),
-        || !alive(cmd),
+        || !alive(cmd) && !alive(grandchild),
     );
 }
