@@ -63,6 +63,21 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
     }
 }
 
+/// Run one of a job's commands: the job's payload on stdin, `env` as built by [`job_env`].
+pub async fn run_for(
+    ctx: &JobContext,
+    argv: &[String],
+    env: Vec<(String, String)>,
+    stop: impl std::future::Future<Output = command::Stop>,
+) -> Exit {
+    let spec = command::Spec {
+        argv,
+        env,
+        stdin: ctx.payload.to_string(),
+    };
+    command::run(spec, stop).await
+}
+
 pub struct CommandJob {
     pub argv: Vec<String>,
     pub timeout: Option<Duration>,
@@ -92,15 +107,7 @@ impl Handler for CommandJob {
                         "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
             };
-            let exit = command::run(
-                command::Spec {
-                    argv: &argv,
-                    env,
-                    stdin: ctx.payload.to_string(),
-                },
-                stop,
-            )
-            .await;
+            let exit = run_for(&ctx, &argv, env, stop).await;
             if matches!(exit, Exit::Killed { .. }) && ctx.shutdown.past_deadline() {
                 return Outcome::Requeue;
             }

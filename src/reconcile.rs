@@ -12,7 +12,7 @@
 //! processor pushes the original payload back to the head of the queue.
 
 use crate::command::{self, Exit, Stop};
-use crate::command_job::{exit_failure, job_env, LockEnv, TIMEOUT_ERROR};
+use crate::command_job::{exit_failure, job_env, run_for, LockEnv, TIMEOUT_ERROR};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::lock::{self, Lease};
 use crate::manifest::{render_template, JobSpec};
@@ -152,15 +152,7 @@ impl Phase for CommandPhase {
                     }
                 }
             };
-            let exit = command::run(
-                command::Spec {
-                    argv: &argv,
-                    env,
-                    stdin: ctx.payload.to_string(),
-                },
-                stop,
-            )
-            .await;
+            let exit = run_for(&ctx.job, &argv, env, stop).await;
             if let Exit::Killed { .. } = exit {
                 if let Some(c) = *cause.lock().unwrap() {
                     return PhaseEnd::Stopped(c);

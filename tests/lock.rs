@@ -68,6 +68,25 @@ async fn hget(conn: &MultiplexedConnection, key: &str, field: &str) -> Option<St
 }
 
 /// Sleep past a lease so Redis expires it (the simulated freeze), then make sure it is gone.
+/// Seed 004's starting point: the lock's fence counter and the guarded row both at 32.
+async fn seed_at_fence_32(conn: &MultiplexedConnection, lock_key: &str, row: &str, value: &str) {
+    redis::cmd("SET")
+        .arg(format!("{lock_key}:fence"))
+        .arg(32)
+        .query_async::<()>(&mut conn.clone())
+        .await
+        .unwrap();
+    redis::cmd("HSET")
+        .arg(row)
+        .arg("fence")
+        .arg(32)
+        .arg("value")
+        .arg(value)
+        .query_async::<()>(&mut conn.clone())
+        .await
+        .unwrap();
+}
+
 async fn freeze_past_lease(conn: &MultiplexedConnection, key: &str) {
     tokio::time::sleep(TTL + Duration::from_millis(50)).await;
     wait_for("the frozen holder's key to expire", || {
@@ -123,21 +142,7 @@ async fn fenced_writes_reject_the_stale_holders_second_write() {
     let (c1, c2) = (connect(&redis).await, connect(&redis).await);
     let key = "lock:retention";
     let row = "channel:7";
-    redis::cmd("SET")
-        .arg("lock:retention:fence")
-        .arg(32)
-        .query_async::<()>(&mut c1.clone())
-        .await
-        .unwrap();
-    redis::cmd("HSET")
-        .arg(row)
-        .arg("fence")
-        .arg(32)
-        .arg("value")
-        .arg("7")
-        .query_async::<()>(&mut c1.clone())
-        .await
-        .unwrap();
+    seed_at_fence_32(&c1, "lock:retention", row, "7").await;
 
     let mut w1 = acquire(&c1, key, TTL).await.unwrap().expect("W1 takes it");
     assert_eq!(w1.fence(), 33);
@@ -171,21 +176,7 @@ async fn fence_rejects_stale_write_after_admin_reset() {
     );
     let key = "lock:seatmap";
     let row = "seatmap:12";
-    redis::cmd("SET")
-        .arg("lock:seatmap:fence")
-        .arg(32)
-        .query_async::<()>(&mut admin.clone())
-        .await
-        .unwrap();
-    redis::cmd("HSET")
-        .arg(row)
-        .arg("fence")
-        .arg(32)
-        .arg("value")
-        .arg("building")
-        .query_async::<()>(&mut admin.clone())
-        .await
-        .unwrap();
+    seed_at_fence_32(&admin, "lock:seatmap", row, "building").await;
 
     let w1 = acquire(&c1, key, TTL).await.unwrap().expect("W1 takes it");
     assert_eq!(w1.fence(), 33);
@@ -451,21 +442,7 @@ async fn frozen_exporter_checks_its_lease_before_the_side_effect() {
     let (c1, c2) = (connect(&redis).await, connect(&redis).await);
     let key = "lock:export-7";
     let row = "export:7";
-    redis::cmd("SET")
-        .arg("lock:export-7:fence")
-        .arg(32)
-        .query_async::<()>(&mut c1.clone())
-        .await
-        .unwrap();
-    redis::cmd("HSET")
-        .arg(row)
-        .arg("fence")
-        .arg(32)
-        .arg("value")
-        .arg("pending")
-        .query_async::<()>(&mut c1.clone())
-        .await
-        .unwrap();
+    seed_at_fence_32(&c1, "lock:export-7", row, "pending").await;
 
     // Sending is the side effect to guard: it checks the lease, renews, then counts a send.
     async fn send_if_still_owner(
