@@ -25,12 +25,7 @@ fn check_accepts_the_shipped_manifests() {
 #[test]
 fn yaml_config_with_env_section_and_flags_that_win() {
     let redis = RedisServer::start();
-    let p = Project::new();
-    p.script("jobs/bin/ok", "#!/bin/sh\n");
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
-    );
+    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\n")]);
     p.write(
         "config/sidekiq.yml",
         ":concurrency: 3\n:queues:\n  - [critical, 3]\n  - low\ntag: from-yaml\nproduction:\n  concurrency: 7\n",
@@ -196,12 +191,7 @@ fn the_shipped_reconcile_cycle_runs_all_six_phases() {
 #[test]
 fn json_logs_carry_pid_jid_class_and_numeric_elapsed_ms() {
     let redis = RedisServer::start();
-    let p = Project::new();
-    p.script("jobs/bin/ok", "#!/bin/sh\necho working\n");
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"LogJob\"\nrun = [\"jobs/bin/ok\"]\n",
-    );
+    let p = Project::with_jobs(&[("LogJob", "ok", "#!/bin/sh\necho working\n")]);
     let mut w = Worker::start(&redis, p.path(), &["--log-format", "json"]);
     let out = Command::new(bin())
         .args(["enqueue", "-r", &redis.url(), "LogJob"])
@@ -268,12 +258,7 @@ fn a_user_denied_info_still_runs() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Redis unknown"));
     // And the worker runs jobs and stops cleanly (CLIENT UNBLOCK is denied too: the blocked
     // pops then end by their own 2 s timeout).
-    let p = Project::new();
-    p.script("jobs/bin/ok", "#!/bin/sh\necho ran >> ran.log\n");
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
-    );
+    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
     let mut w = Command::new(bin())
         .args(["run", "-r", &url])
         .current_dir(p.path())

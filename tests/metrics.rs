@@ -12,25 +12,11 @@ const OK: &str = "#!/bin/sh\nexit 0\n";
 const FAIL: &str = "#!/bin/sh\necho \"it broke\" >&2\nexit 1\n";
 
 fn project() -> Project {
-    let p = Project::new();
-    p.script("jobs/bin/block", BLOCK);
-    p.script("jobs/bin/ok", OK);
-    p.script("jobs/bin/fail", FAIL);
-    p.write(
-        "jobs/app.toml",
-        r#"
-[[job]]
-class = "BlockJob"
-run = ["jobs/bin/block"]
-[[job]]
-class = "OkJob"
-run = ["jobs/bin/ok"]
-[[job]]
-class = "FailJob"
-run = ["jobs/bin/fail"]
-"#,
-    );
-    p
+    Project::with_jobs(&[
+        ("BlockJob", "block", BLOCK),
+        ("OkJob", "ok", OK),
+        ("FailJob", "fail", FAIL),
+    ])
 }
 
 fn val(m: &BTreeMap<String, f64>, key: &str) -> f64 {

@@ -12,24 +12,11 @@ const FAIL: &str =
     "#!/bin/sh\necho \"first line\" >&2\necho \"it broke: $PLAYGUARD_ARGS\" >&2\nexit 1\n";
 
 fn project() -> Project {
-    let p = Project::new();
-    p.script("jobs/bin/record", RECORD);
-    p.script("jobs/bin/fail", FAIL);
-    p.write(
-        "jobs/app.toml",
-        r#"
-[[job]]
-class = "RecordJob"
-run = ["jobs/bin/record"]
-[[job]]
-class = "SendReportJob"
-run = ["jobs/bin/record"]
-[[job]]
-class = "FailJob"
-run = ["jobs/bin/fail"]
-"#,
-    );
-    p
+    Project::with_jobs(&[
+        ("RecordJob", "record", RECORD),
+        ("SendReportJob", "record", RECORD),
+        ("FailJob", "fail", FAIL),
+    ])
 }
 
 fn ledger(p: &Project) -> Vec<(String, String, Value)> {

@@ -18,25 +18,11 @@ const RECORD: &str = "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n";
 const FAIL: &str = "#!/bin/sh\necho \"it broke: $PLAYGUARD_ARGS\" >&2\nexit 1\n";
 
 fn project() -> Project {
-    let p = Project::new();
-    p.script("jobs/bin/block", BLOCK);
-    p.script("jobs/bin/record", RECORD);
-    p.script("jobs/bin/fail", FAIL);
-    p.write(
-        "jobs/app.toml",
-        r#"
-[[job]]
-class = "BlockJob"
-run = ["jobs/bin/block"]
-[[job]]
-class = "RecordJob"
-run = ["jobs/bin/record"]
-[[job]]
-class = "FailJob"
-run = ["jobs/bin/fail"]
-"#,
-    );
-    p
+    Project::with_jobs(&[
+        ("BlockJob", "block", BLOCK),
+        ("RecordJob", "record", RECORD),
+        ("FailJob", "fail", FAIL),
+    ])
 }
 
 fn json(s: &str) -> Value {

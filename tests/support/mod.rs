@@ -324,6 +324,19 @@ impl Project {
         p
     }
 
+    /// A project whose `jobs/app.toml` maps each class to a script: (class, script name under
+    /// jobs/bin, script body). Several classes may share one script (same name and body).
+    pub fn with_jobs(jobs: &[(&str, &str, &str)]) -> Project {
+        let p = Project::new();
+        let mut manifest = String::new();
+        for (class, script, body) in jobs {
+            p.script(&format!("jobs/bin/{script}"), body);
+            manifest += &format!("[[job]]\nclass = \"{class}\"\nrun = [\"jobs/bin/{script}\"]\n");
+        }
+        p.write("jobs/app.toml", &manifest);
+        p
+    }
+
     /// Write an executable script.
     pub fn script(&self, rel: &str, content: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
