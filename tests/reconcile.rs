@@ -74,19 +74,6 @@ fn intervals(entries: &[Entry], marquee: &str) -> Vec<(f64, f64, i64)> {
     out
 }
 
-fn enqueue(redis: &RedisServer, args: &[&str]) {
-    let out = std::process::Command::new(bin())
-        .args(["enqueue", "-r", &redis.url()])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn pid_alive(pid: i32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -39,15 +39,6 @@ fn ledger(p: &Project) -> String {
     std::fs::read_to_string(p.path().join("ledger.log")).unwrap_or_default()
 }
 
-fn enqueue(redis: &RedisServer, class: &str, arg: &str) -> String {
-    let out = std::process::Command::new(bin())
-        .args(["enqueue", "-r", &redis.url(), class, arg])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 fn queue(redis: &RedisServer) -> Vec<String> {
     redis::cmd("LRANGE")
         .arg("queue:default")
@@ -81,7 +72,7 @@ fn term_during_a_long_phase(fetch: &str) {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
     let mut w = Worker::start(&redis, p.path(), &["-t", "3", "--fetch", fetch]);
-    let jid = enqueue(&redis, "PlayguardJob", "1");
+    let jid = enqueue(&redis, &["PlayguardJob", "1"]);
     wait_until("phase one running", Duration::from_secs(10), || {
         ledger(&p).contains("start one")
     });
@@ -136,7 +127,7 @@ fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
     let mut w = Worker::start(&redis, p.path(), &["-t", "20"]);
-    let jid = enqueue(&redis, "PlayguardJob", "2");
+    let jid = enqueue(&redis, &["PlayguardJob", "2"]);
     wait_until("phase one running", Duration::from_secs(10), || {
         ledger(&p).contains("start one")
     });
@@ -164,7 +155,7 @@ fn a_plain_job_finishes_within_the_timeout_and_is_not_requeued() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
     let mut w = Worker::start(&redis, p.path(), &["-t", "10"]);
-    enqueue(&redis, "PlainJob", "x");
+    enqueue(&redis, &["PlainJob", "x"]);
     wait_until("plain job running", Duration::from_secs(10), || {
         ledger(&p).contains("start plain")
     });
@@ -188,7 +179,7 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
     let p = phased_project(60, 1);
     p.write("plain_secs", "60");
     let mut w = Worker::start(&redis, p.path(), &["-t", "30"]);
-    let jid = enqueue(&redis, "PlainJob", "y");
+    let jid = enqueue(&redis, &["PlainJob", "y"]);
     wait_until("plain job running", Duration::from_secs(10), || {
         ledger(&p).contains("start plain")
     });
@@ -214,7 +205,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
     let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
-    enqueue(&redis, "PlayguardJob", "3");
+    enqueue(&redis, &["PlayguardJob", "3"]);
     wait_until("phase one running", Duration::from_secs(10), || {
         ledger(&p).contains("start one")
     });
@@ -223,7 +214,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
     w.signal("TSTP");
     w.wait_for_line("quiet", Duration::from_secs(5));
     // Quiet: a new job is not fetched.
-    enqueue(&redis, "PlainJob", "z");
+    enqueue(&redis, &["PlainJob", "z"]);
     let mut c = redis.conn();
     wait_until("heartbeat reports quiet", Duration::from_secs(10), || {
         let id: Vec<String> = redis::cmd("SMEMBERS")
@@ -304,7 +295,7 @@ fn works_under_foreman() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let jid = enqueue(&redis, "PlayguardJob", "8");
+    let jid = enqueue(&redis, &["PlayguardJob", "8"]);
     wait_until("phase one running", Duration::from_secs(20), || {
         ledger(&p).contains("start one")
     });
@@ -330,7 +321,7 @@ fn a_sigkilled_worker_takes_its_running_command_with_it() {
         "#!/bin/sh\nsleep 60 &\necho $! > grandchild.pid\necho $$ > plain.pid\nread -r line\necho \"$line\" > stdin.txt\nwait\n",
     );
     let mut w = Worker::start(&redis, p.path(), &[]);
-    enqueue(&redis, "PlainJob", "k");
+    enqueue(&redis, &["PlainJob", "k"]);
     let pid = |f: &str| {
         std::fs::read_to_string(p.path().join(f))
             .ok()

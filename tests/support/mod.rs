@@ -372,3 +372,18 @@ pub fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
         })
         .collect()
 }
+
+/// `playguard enqueue -r <redis> <args>...` with the real binary; returns the jid.
+pub fn enqueue(redis: &RedisServer, args: &[&str]) -> String {
+    let out = Command::new(bin())
+        .args(["enqueue", "-r", &redis.url()])
+        .args(args)
+        .output()
+        .expect("run playguard enqueue");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
