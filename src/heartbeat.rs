@@ -129,7 +129,6 @@ pub fn work_entry_json(e: &crate::work::WorkEntry) -> String {
 /// One beat. Returns the remote signal popped, if any.
 pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
     // The metrics endpoint reads live busy slots from the same table the heartbeat publishes.
-    rt.metrics.attach_work(&rt.work);
     let mut conn = rt.conn.clone();
     let t = Instant::now();
     redis::cmd("PING").query_async::<()>(&mut conn).await?;
@@ -138,7 +137,6 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     let id = &rt.identity;
     let snapshot = rt.work.snapshot();
     let busy = snapshot.len();
-    rt.metrics.busy.store(busy as i64, Ordering::Relaxed);
     let (processed, failed) = rt.work.take_counts();
 
     let mut pipe = redis::pipe();

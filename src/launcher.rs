@@ -199,6 +199,7 @@ pub async fn run_with(
         acker,
         config,
     });
+    rt.metrics.attach_work(&rt.work);
     rt.metrics.concurrency.store(
         rt.config.concurrency as i64,
         std::sync::atomic::Ordering::Relaxed,

@@ -40,7 +40,6 @@ type Labels = Vec<(&'static str, String)>;
 pub struct Metrics {
     counters: Mutex<BTreeMap<(&'static str, Labels), u64>>,
     histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
-    pub busy: AtomicI64,
     pub concurrency: AtomicI64,
     /// Seconds of queue latency per queue, updated by the heartbeat.
     latency: Mutex<BTreeMap<String, f64>>,
@@ -190,12 +189,12 @@ impl Metrics {
         let _ = self.work.set(std::sync::Arc::downgrade(work));
     }
 
-    /// Busy slots right now (as of the last beat until the slot table is attached).
+    /// Busy slots right now, read from the slot table (0 before one is attached).
     pub fn busy_now(&self) -> i64 {
-        match self.work.get().and_then(Weak::upgrade) {
-            Some(w) => w.busy() as i64,
-            None => self.busy.load(Ordering::Relaxed),
-        }
+        self.work
+            .get()
+            .and_then(Weak::upgrade)
+            .map_or(0, |w| w.busy() as i64)
     }
 
     pub fn set_latency(&self, queue: &str, secs: f64) {
