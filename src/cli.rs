@@ -82,6 +82,9 @@ struct RunArgs {
     /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Write the Metrics-tab keys of Sidekiq 7.x, 8.x, both (default) or none (off).
+    #[arg(long = "sidekiq-metrics", default_value = "both", value_parser = ["7", "8", "both", "off"])]
+    sidekiq_metrics: String,
 }
 
 #[derive(Args)]
@@ -127,6 +130,7 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
         jobs_dir: a.jobs,
         reliable_fetch: a.fetch == "reliable",
         metrics_addr: a.metrics_addr,
+        sidekiq_metrics: a.sidekiq_metrics.parse()?,
         ..Config::default()
     };
     let file = match a.config {

@@ -24,6 +24,8 @@ pub struct Config {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Heartbeat period (Sidekiq 6.4's 5 s; remote signals are read at each beat).
     pub beat_interval: Duration,
+    /// Which Sidekiq versions' Metrics-tab keys to write (`--sidekiq-metrics`).
+    pub sidekiq_metrics: crate::job_metrics::Mode,
 }
 
 impl Default for Config {
@@ -43,6 +45,7 @@ impl Default for Config {
             poll_interval_average: 5.0,
             metrics_addr: None,
             beat_interval: Duration::from_secs(5),
+            sidekiq_metrics: crate::job_metrics::Mode::default(),
         }
     }
 }

@@ -142,6 +142,7 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     let mut pipe = redis::pipe();
     pipe.atomic();
     add_stat_deltas(&mut pipe, processed, failed);
+    rt.job_metrics.flush_into(&mut pipe);
     let work_keys = [format!("{id}:workers"), format!("{id}:work")];
     for key in &work_keys {
         pipe.cmd("UNLINK").arg(key).ignore();
@@ -237,6 +238,7 @@ pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     pipe.atomic();
     add_stat_deltas(&mut pipe, processed, failed);
+    rt.job_metrics.flush_into(&mut pipe);
     pipe.srem("processes", id).ignore();
     pipe.cmd("UNLINK")
         .arg(format!("{id}:workers"))

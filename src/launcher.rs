@@ -196,6 +196,7 @@ pub async fn run_with(
         work: WorkState::new(),
         shutdown,
         metrics: Arc::new(crate::metrics::Metrics::default()),
+        job_metrics: crate::job_metrics::JobMetrics::new(config.sidekiq_metrics),
         acker,
         config,
     });

@@ -13,6 +13,7 @@ pub mod enqueue;
 pub mod fetch;
 pub mod handler;
 pub mod heartbeat;
+pub mod job_metrics;
 pub mod launcher;
 pub mod lock;
 pub mod logging;

@@ -106,6 +106,16 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     let ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
     rt.metrics
         .job_finished(&shown, &f.queue, &outcome, ms / 1000.0);
+    // Sidekiq's metrics middleware never sees a class whose constant lookup failed; a run
+    // interrupted by shutdown counts as failed there (Sidekiq::Shutdown is an exception).
+    if known {
+        let failed = !matches!(outcome, Outcome::Done);
+        rt.job_metrics.record(
+            crate::job_metrics::class_of(&job),
+            failed,
+            started.elapsed().as_millis() as u64,
+        );
+    }
     match outcome {
         Outcome::Done => {
             rt.work.count(false);

@@ -33,6 +33,8 @@ pub struct Runtime {
     pub work: Arc<WorkState>,
     pub shutdown: Shutdown,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Sidekiq 7/8 Metrics-tab counters, flushed by the heartbeat.
+    pub job_metrics: crate::job_metrics::JobMetrics,
     pub acker: crate::acker::Acker,
 }
 
