@@ -387,3 +387,19 @@ pub fn enqueue(redis: &RedisServer, args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
+
+/// Whether foreman is here; with PLAYGUARD_REQUIRE_RUBY=1 its absence fails the test.
+pub fn foreman_available() -> bool {
+    let ok = Command::new("foreman")
+        .arg("version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok && std::env::var("PLAYGUARD_REQUIRE_RUBY").as_deref() == Ok("1") {
+        panic!("foreman required (PLAYGUARD_REQUIRE_RUBY=1): apt-get install ruby-foreman");
+    }
+    if !ok {
+        eprintln!("skipping: foreman is not installed (apt-get install ruby-foreman)");
+    }
+    ok
+}
