@@ -40,6 +40,8 @@ struct RedisUrl {
         short = 'r',
         long = "redis",
         env = "REDIS_URL",
+        // The environment's value may hold a password: never show it in --help.
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379/0"
     )]
     url: String,
@@ -278,7 +280,10 @@ fn enqueue(a: EnqueueArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("playguard: cannot enqueue at {}: {e}", a.redis.url);
+            eprintln!(
+                "playguard: cannot enqueue at {}: {e}",
+                crate::redact::url(&a.redis.url)
+            );
             1
         }
     }
@@ -324,7 +329,10 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
     });
     match res {
         Err(e) => {
-            eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis.url);
+            eprintln!(
+                "playguard: cannot reach Redis at {}: {e}",
+                crate::redact::url(&a.redis.url)
+            );
             1
         }
         Ok(version) => {
@@ -334,7 +342,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
                 a.jobs.display(),
                 m.periodic.len(),
                 registry.classes().len(),
-                a.redis.url
+                crate::redact::url(&a.redis.url)
             );
             0
         }

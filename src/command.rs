@@ -19,6 +19,9 @@ const STDERR_TAIL: usize = 20;
 pub struct Spec<'a> {
     pub argv: &'a [String],
     pub env: Vec<(String, String)>,
+    /// The worker's variables the command inherits: None = all of them (as a Procfile
+    /// process has), Some = only these names. `env` is set on top either way.
+    pub inherit: Option<&'a [String]>,
     pub stdin: String,
 }
 
@@ -99,12 +102,16 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     // On TERM (our shutdown) the shepherd waits for the command's own exit, so a command that
     // handles TERM gracefully still can. argv is passed as "$@": still no shell parsing.
     let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(SHEPHERD)
-        .arg(prog)
-        .arg(prog)
-        .args(args)
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    cmd.arg("-c").arg(SHEPHERD).arg(prog).arg(prog).args(args);
+    if let Some(names) = spec.inherit {
+        cmd.env_clear();
+        for name in names {
+            if let Some(v) = std::env::var_os(name) {
+                cmd.env(name, v);
+            }
+        }
+    }
+    cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -6,6 +6,7 @@
 //! class = "HardJob"
 //! run = ["jobs/bin/hard-job"]      # argv, never a shell string
 //! timeout_secs = 60                # optional
+//! env = ["PATH", "HOME"]           # optional: the worker's variables it gets (default: all)
 //!
 //! [[job]]
 //! class = "PlayguardJob"
@@ -53,6 +54,10 @@ pub struct JobSpec {
     pub on_lock_lost: Option<String>,
     #[serde(default, rename = "phase")]
     pub phases: Vec<PhaseSpec>,
+    /// Names of the worker's environment variables its commands get (None = all of them);
+    /// the PLAYGUARD_* variables are set either way.
+    #[serde(default)]
+    pub env: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -263,6 +268,11 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
                     return Err(format!("phase {:?}: timeout_secs must be > 0", p.name));
                 }
             }
+        }
+    }
+    for name in j.env.iter().flatten() {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(format!("env: {name:?} is not an environment variable name"));
         }
     }
     if j.timeout_secs == Some(0) {

@@ -120,6 +120,8 @@ fn within_lease(mut stop: Stop, ctx: &PhaseContext) -> Stop {
 pub struct CommandPhase {
     pub name: String,
     pub argv: Vec<String>,
+    /// The job's `env` allow-list (None = the worker's whole environment).
+    pub inherit: Option<Vec<String>>,
 }
 
 impl Phase for CommandPhase {
@@ -129,6 +131,7 @@ impl Phase for CommandPhase {
 
     fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
         let argv = self.argv.clone();
+        let inherit = self.inherit.clone();
         Box::pin(async move {
             let env = job_env(
                 &ctx.job,
@@ -152,7 +155,7 @@ impl Phase for CommandPhase {
                     }
                 }
             };
-            let exit = run_for(&ctx.job, &argv, env, stop).await;
+            let exit = run_for(&ctx.job, &argv, inherit.as_deref(), env, stop).await;
             if let Exit::Killed { .. } = exit {
                 if let Some(c) = *cause.lock().unwrap() {
                     return PhaseEnd::Stopped(c);
@@ -239,6 +242,7 @@ pub fn from_manifest(j: &JobSpec) -> Arc<dyn Handler> {
                 let phase: Arc<dyn Phase> = Arc::new(CommandPhase {
                     name: p.name.clone(),
                     argv: p.run.clone(),
+                    inherit: j.env.clone(),
                 });
                 (phase, p.timeout_secs.map(Duration::from_secs_f64))
             })
