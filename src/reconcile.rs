@@ -15,7 +15,7 @@ use crate::command::{self, Exit, Stop};
 use crate::command_job::{exit_failure, job_env, run_for, LockEnv, TIMEOUT_ERROR};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::lock::{self, Lease};
-use crate::manifest::{render_template, JobSpec};
+use crate::manifest::{render_key, render_template, JobSpec};
 use crate::retry::Failure;
 use std::sync::Arc;
 use std::time::Duration;
@@ -299,7 +299,19 @@ async fn run_cycle(
     phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
     ctx: JobContext,
 ) -> Outcome {
-    let key = render_template(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args);
+    // Job data must not pick another key (`9:fence`, another class's lock): refused before
+    // any Redis write, and dead at once, since no retry can change the arguments.
+    let key = match render_key(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args) {
+        Ok(k) => k,
+        Err(why) => {
+            tracing::error!(error_class = crate::retry::BAD_LOCK_KEY, lock_key = %lock.key,
+                "refused: the job's arguments cannot form its lock key: {why}");
+            return Outcome::Failed(Failure::new(
+                crate::retry::BAD_LOCK_KEY,
+                format!("lock key {:?}: {why}", lock.key),
+            ));
+        }
+    };
     let label = lock
         .label
         .as_deref()

@@ -16,6 +16,14 @@ pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 60.0 * 60.0;
 /// error_message is cut to this many characters (job_retry.rb).
 const MAX_MESSAGE_CHARS: usize = 10_000;
 
+/// error_class of a job whose arguments cannot form its lock key (see manifest::render_key).
+pub const BAD_LOCK_KEY: &str = "Playguard::BadLockKey";
+/// error_class of a job whose data cannot be handed to a command (a NUL byte, too big for exec).
+pub const BAD_ARGUMENTS: &str = "Playguard::BadArguments";
+/// Failures no retry can fix (the payload itself is the problem): such a job goes to `dead` at
+/// once, or is dropped under `retry: false` / `dead: false` as Sidekiq drops.
+const NEVER_RETRIED: [&str; 2] = [BAD_LOCK_KEY, BAD_ARGUMENTS];
+
 /// What went wrong, in the shape Sidekiq records it.
 #[derive(Debug, Clone)]
 pub struct Failure {
@@ -76,6 +84,11 @@ pub fn delay_secs(count: i64) -> f64 {
 pub fn decide(job: &Job, failure: &Failure) -> Decision {
     let Some(max) = max_retries(&job.msg) else {
         return Decision::Discard;
+    };
+    let max = if NEVER_RETRIED.contains(&failure.class.as_str()) {
+        0
+    } else {
+        max
     };
     // Start from the original popped payload, never from a modified copy.
     let mut msg = job.msg.clone();
