@@ -143,17 +143,31 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     drop(slot);
 }
 
-/// Write an outcome; a Redis error here is logged, and with reliable fetch the job stays in
-/// the working list, so the orphan sweep runs it again rather than losing it.
+/// Pause between attempts to write an outcome (as the acker retries acks).
+const WRITE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Write an outcome, retrying until it lands: a MULTI is not rolled back when one command
+/// fails, so the ack may already be applied and this write is the job's only copy. Past the
+/// shutdown deadline it gives up (logged); with reliable fetch a job whose ack did not land
+/// either stays in the working list and runs again rather than being lost.
 async fn write(rt: &Runtime, pipe: redis::Pipeline, f: &Fetched) {
     if pipe.cmd_iter().next().is_none() {
         return;
     }
     let mut conn = rt.conn.clone();
-    if let Err(e) = pipe.query_async::<()>(&mut conn).await {
-        tracing::error!(error = %e, queue = %f.queue,
-            "could not record the job's outcome in Redis{}",
-            if rt.reliable() { "; it stays in the working list and will run again" } else { "" });
+    loop {
+        let Err(e) = pipe.query_async::<()>(&mut conn).await else {
+            return;
+        };
+        if rt.shutdown.past_deadline() {
+            tracing::error!(error = %e, queue = %f.queue, payload = %f.shown(),
+                "could not record the job's outcome in Redis before the shutdown deadline{}",
+                if rt.reliable() { "; if it is still in the working list it will run again" } else { "" });
+            return;
+        }
+        tracing::warn!(error = %e, queue = %f.queue,
+            "could not record the job's outcome in Redis; retrying");
+        tokio::time::sleep(WRITE_RETRY_PAUSE).await;
     }
 }
 

@@ -43,6 +43,22 @@ impl Failure {
     }
 }
 
+/// A dead-set entry for a job that was never run: a JSON object gets `error_class`,
+/// `error_message` and `failed_at` (kept keys, order and numbers otherwise); anything else is
+/// kept byte for byte.
+pub fn dead_entry(raw: &[u8], class: &str, message: &str) -> Vec<u8> {
+    match serde_json::from_slice::<Value>(raw) {
+        Ok(Value::Object(mut msg)) => {
+            let millis = uses_millis(&msg);
+            msg.insert("error_class".into(), Value::from(class));
+            msg.insert("error_message".into(), Value::from(message));
+            msg.insert("failed_at".into(), now_value(millis));
+            dump(&msg).into_bytes()
+        }
+        _ => raw.to_vec(),
+    }
+}
+
 /// What to do with a failed job.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
