@@ -63,8 +63,7 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
             };
         }
         inv.arg(now.to_string());
-        let (moved, refused): (usize, Vec<(Vec<u8>, String)>) =
-            push_reply(inv.invoke_async(&mut conn).await?)?;
+        let (moved, refused): (usize, Refused) = push_reply(inv.invoke_async(&mut conn).await?)?;
         total += moved;
         if !refused.is_empty() {
             // Refused members are still in the set: bury each with the reason, by the same
@@ -94,8 +93,11 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
 /// error_class of a job whose `queue:<q>` key holds another type than a list.
 pub const BAD_QUEUE_KEY: &str = "Playguard::BadQueueKey";
 
-/// The push script's reply: how many moved, and the (member, key type) pairs it refused.
-fn push_reply(v: Vec<redis::Value>) -> redis::RedisResult<(usize, Vec<(Vec<u8>, String)>)> {
+/// Members the push script refused, each with the type its queue key holds.
+type Refused = Vec<(Vec<u8>, String)>;
+
+/// The push script's reply: how many moved, and the members it refused.
+fn push_reply(v: Vec<redis::Value>) -> redis::RedisResult<(usize, Refused)> {
     let mut it = v.iter();
     let moved: usize = match it.next() {
         Some(n) => redis::from_redis_value_ref(n)?,
