@@ -81,6 +81,9 @@ struct RunArgs {
     /// Average scheduled-poll interval in seconds (Sidekiq's average_scheduled_poll_interval).
     #[arg(long = "poll-interval")]
     poll_interval: Option<f64>,
+    /// Payloads longer than this many bytes go to the dead set unparsed. Default 10 MB.
+    #[arg(long = "max-payload-bytes")]
+    max_payload_bytes: Option<usize>,
     /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -163,6 +166,9 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
     }
     if let Some(n) = a.concurrency {
         c.concurrency = n;
+    }
+    if let Some(n) = a.max_payload_bytes {
+        c.max_payload_bytes = n;
     }
     if c.concurrency == 0 {
         return Err("concurrency must be at least 1".into());

@@ -47,6 +47,9 @@ pub enum Exit {
     },
     /// It could not be started at all.
     SpawnFailed(String),
+    /// The job's data cannot be handed to a command (a NUL byte, too large for exec): no retry
+    /// can help.
+    BadInput(String),
 }
 
 /// `sh -c SHEPHERD <prog> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
@@ -141,8 +144,21 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             Ok(())
         });
     }
+    // An environment variable cannot hold a NUL (the C string would end there): say which.
+    if let Some((k, _)) = spec.env.iter().find(|(_, v)| v.contains('\0')) {
+        return Exit::BadInput(format!(
+            "{k} would hold a NUL byte, which an environment variable cannot carry"
+        ));
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
+        Err(e) if e.raw_os_error() == Some(nix::libc::E2BIG) => {
+            let bytes: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+            return Exit::BadInput(format!(
+                "cannot start {prog:?}: the job's arguments are too large for exec \
+                 ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
+            ));
+        }
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}")),
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));

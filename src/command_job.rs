@@ -60,6 +60,7 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
         }),
         Exit::Killed { why } => Some(Failure::new(TIMEOUT_ERROR, why)),
         Exit::SpawnFailed(m) => Some(Failure::new(COMMAND_ERROR, m)),
+        Exit::BadInput(m) => Some(Failure::new(crate::retry::BAD_ARGUMENTS, m)),
     }
 }
 

@@ -24,7 +24,13 @@ pub struct Config {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Heartbeat period (Sidekiq 6.4's 5 s; remote signals are read at each beat).
     pub beat_interval: Duration,
+    /// A fetched payload longer than this is not parsed: it goes to `dead` as is.
+    pub max_payload_bytes: usize,
 }
+
+/// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
+/// meant to be ids), low enough that one bad push cannot make every worker parse gigabytes.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -43,6 +49,7 @@ impl Default for Config {
             poll_interval_average: 5.0,
             metrics_addr: None,
             beat_interval: Duration::from_secs(5),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }
