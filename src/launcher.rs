@@ -189,6 +189,8 @@ pub async fn run_with(
         .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
 
     let acker = crate::acker::Acker::start(conn.clone());
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    metrics.know_classes(registry.classes());
     let rt = Arc::new(Runtime {
         client,
         conn,
@@ -196,7 +198,7 @@ pub async fn run_with(
         registry,
         work: WorkState::new(),
         shutdown,
-        metrics: Arc::new(crate::metrics::Metrics::default()),
+        metrics,
         acker,
         config,
     });
