@@ -6,6 +6,10 @@
 -- KEYS[4] = playguard:poison
 -- ARGV[1] = identity  ARGV[2] = max recoveries  ARGV[3] = '1' to skip the liveness check
 -- ARGV[4..] = queue names
+-- A queue whose `queue:<q>` holds another type than a list is skipped (an RPUSH there would fail
+-- after the LPOP and lose the job): its jobs stay in the working list and the entry is kept, so
+-- a later sweep recovers them once the key is fixed.
+-- Returns {moved, skipped queue, ...}; -1 / -2 as a bare number.
 if ARGV[3] ~= '1' and redis.call('EXISTS', KEYS[2]) == 1 then
   return -1
 end
@@ -14,10 +18,15 @@ if #ARGV < 4 then
   return -2
 end
 local moved = 0
+local skipped = {}
 for i = 4, #ARGV do
   local q = ARGV[i]
   local wk = 'playguard:working:' .. ARGV[1] .. ':' .. q
-  while true do
+  local t = redis.call('TYPE', 'queue:' .. q)['ok']
+  if t ~= 'list' and t ~= 'none' then
+    skipped[#skipped + 1] = q
+  end
+  while t == 'list' or t == 'none' do
     -- newest first, so the oldest ends up rightmost and runs first
     local job = redis.call('LPOP', wk)
     if not job then break end
@@ -33,5 +42,7 @@ for i = 4, #ARGV do
     moved = moved + 1
   end
 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-return moved
+if #skipped == 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return {moved, unpack(skipped)}

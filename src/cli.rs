@@ -40,6 +40,8 @@ struct RedisUrl {
         short = 'r',
         long = "redis",
         env = "REDIS_URL",
+        // The environment's value may hold a password: never show it in --help.
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379/0"
     )]
     url: String,
@@ -79,6 +81,9 @@ struct RunArgs {
     /// Average scheduled-poll interval in seconds (Sidekiq's average_scheduled_poll_interval).
     #[arg(long = "poll-interval")]
     poll_interval: Option<f64>,
+    /// Payloads longer than this many bytes go to the dead set unparsed. Default 10 MB.
+    #[arg(long = "max-payload-bytes")]
+    max_payload_bytes: Option<usize>,
     /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -165,6 +170,9 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
     }
     if let Some(n) = a.concurrency {
         c.concurrency = n;
+    }
+    if let Some(n) = a.max_payload_bytes {
+        c.max_payload_bytes = n;
     }
     if c.concurrency == 0 {
         return Err("concurrency must be at least 1".into());
@@ -282,7 +290,10 @@ fn enqueue(a: EnqueueArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("playguard: cannot enqueue at {}: {e}", a.redis.url);
+            eprintln!(
+                "playguard: cannot enqueue at {}: {e}",
+                crate::redact::url(&a.redis.url)
+            );
             1
         }
     }
@@ -328,7 +339,10 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
     });
     match res {
         Err(e) => {
-            eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis.url);
+            eprintln!(
+                "playguard: cannot reach Redis at {}: {e}",
+                crate::redact::url(&a.redis.url)
+            );
             1
         }
         Ok(version) => {
@@ -338,7 +352,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
                 a.jobs.display(),
                 m.periodic.len(),
                 registry.classes().len(),
-                a.redis.url
+                crate::redact::url(&a.redis.url)
             );
             0
         }

@@ -1,24 +1,35 @@
 //! Runs one manifest command: argv (never a shell), the PLAYGUARD_* environment, the payload on
 //! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
-//! Every stdout/stderr line is logged in the caller's span (jid, class, phase). Touches no
-//! Redis keys.
+//! Every stdout/stderr line is logged in the caller's span (jid, class, phase): read as bytes
+//! (not UTF-8 is shown lossily), cut at MAX_LINE. Touches no Redis keys.
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::future::Future;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
 /// Time between TERM and KILL when a command's group is stopped.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 /// How many stderr lines are kept as the failure's "backtrace".
 const STDERR_TAIL: usize = 20;
+/// Longest output line logged whole: the rest of a longer one is dropped, so a command that
+/// prints megabytes without a newline cannot grow our memory (or one log line) without bound.
+pub const MAX_LINE: usize = 16 * 1024;
+/// After the command's shepherd exited, how long its output may take to reach EOF. Only a
+/// process that left the group (`setsid`) can hold the pipes open longer; the job is over
+/// by then, and its slot must not wait for that process.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(1);
 
 pub struct Spec<'a> {
     pub argv: &'a [String],
     pub env: Vec<(String, String)>,
+    /// The worker's variables the command inherits: None = all of them (as a Procfile
+    /// process has), Some = only these names. `env` is set on top either way.
+    pub inherit: Option<&'a [String]>,
     pub stdin: String,
 }
 
@@ -36,6 +47,9 @@ pub enum Exit {
     },
     /// It could not be started at all.
     SpawnFailed(String),
+    /// The job's data cannot be handed to a command (a NUL byte, too large for exec): no retry
+    /// can help.
+    BadInput(String),
 }
 
 /// `sh -c SHEPHERD <prog> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
@@ -99,12 +113,16 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     // On TERM (our shutdown) the shepherd waits for the command's own exit, so a command that
     // handles TERM gracefully still can. argv is passed as "$@": still no shell parsing.
     let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(SHEPHERD)
-        .arg(prog)
-        .arg(prog)
-        .args(args)
-        .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    cmd.arg("-c").arg(SHEPHERD).arg(prog).arg(prog).args(args);
+    if let Some(names) = spec.inherit {
+        cmd.env_clear();
+        for name in names {
+            if let Some(v) = std::env::var_os(name) {
+                cmd.env(name, v);
+            }
+        }
+    }
+    cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -126,44 +144,60 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             Ok(())
         });
     }
+    // An environment variable cannot hold a NUL (the C string would end there): say which.
+    if let Some((k, _)) = spec.env.iter().find(|(_, v)| v.contains('\0')) {
+        return Exit::BadInput(format!(
+            "{k} would hold a NUL byte, which an environment variable cannot carry"
+        ));
+    }
     let mut child = match cmd.spawn() {
         Ok(c) => c,
+        Err(e) if e.raw_os_error() == Some(nix::libc::E2BIG) => {
+            let bytes: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+            return Exit::BadInput(format!(
+                "cannot start {prog:?}: the job's arguments are too large for exec \
+                 ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
+            ));
+        }
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}")),
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     // If this future is dropped mid-run (a job abandoned at the deadline), the whole group
     // dies with it, not just the leader that kill_on_drop would reach.
     let _group = GroupGuard(pgid);
-    if let Some(mut stdin) = child.stdin.take() {
+    let writer = child.stdin.take().map(|mut stdin| {
         let input = spec.stdin.clone();
         // A command that never reads stdin must not block us: write from a task, ignore EPIPE.
         tokio::spawn(async move {
             let _ = stdin.write_all(input.as_bytes()).await;
-        });
-    }
-    let out = child.stdout.take().map(|s| {
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let mut lines = BufReader::new(s).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(stream = "stdout", "{line}");
-            }
-        }))
+        })
     });
-    let err = child.stderr.take().map(|s| {
-        tokio::spawn(tracing::Instrument::in_current_span(async move {
-            let mut tail: Vec<String> = Vec::new();
-            let mut lines = BufReader::new(s).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+    let mut out = child.stdout.take().map(|s| {
+        tokio::spawn(tracing::Instrument::in_current_span(read_lines(
+            s,
+            |line| {
+                tracing::info!(stream = "stdout", "{line}");
+            },
+        )))
+    });
+    // Shared, not returned: a reader still blocked after the drain is aborted, and the lines it
+    // already read must still make the failure's message.
+    let tail: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut err = child.stderr.take().map(|s| {
+        let tail = tail.clone();
+        tokio::spawn(tracing::Instrument::in_current_span(read_lines(
+            s,
+            move |line| {
                 tracing::info!(stream = "stderr", "{line}");
                 if !line.trim().is_empty() {
+                    let mut tail = tail.lock().unwrap();
                     if tail.len() == STDERR_TAIL {
                         tail.remove(0);
                     }
                     tail.push(line);
                 }
-            }
-            tail
-        }))
+            },
+        )))
     });
 
     let mut killed: Option<String> = None;
@@ -189,13 +223,21 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     };
     // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
     drop(_group);
-    if let Some(h) = out {
-        let _ = h.await;
+    let drained = tokio::time::timeout(OUTPUT_DRAIN, async {
+        for h in [out.as_mut(), err.as_mut()].into_iter().flatten() {
+            let _ = h.await;
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "the command exited, but a process it started outside its group still holds its output open; no longer reading it"
+        );
     }
-    let tail = match err {
-        Some(h) => h.await.unwrap_or_default(),
-        None => Vec::new(),
-    };
+    for h in [out, err, writer].into_iter().flatten() {
+        h.abort();
+    }
+    let tail = std::mem::take(&mut *tail.lock().unwrap());
     if let Some(why) = killed {
         return Exit::Killed { why };
     }
@@ -212,5 +254,48 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             }
         }
         Err(e) => Exit::SpawnFailed(format!("waiting for {prog:?}: {e}")),
+    }
+}
+
+/// Hand every line of `r` to `each`, as text (bytes that are not UTF-8 become U+FFFD), a line
+/// longer than MAX_LINE cut there. A read error ends it like EOF.
+async fn read_lines<R: AsyncRead + Unpin>(r: R, mut each: impl FnMut(String)) {
+    let mut r = BufReader::new(r);
+    let mut line: Vec<u8> = Vec::new();
+    // Past MAX_LINE of the current line: drop bytes until its newline.
+    let mut cut = false;
+    loop {
+        let buf = match r.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(b) => b,
+        };
+        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        let used = chunk.len() + usize::from(newline);
+        if !cut {
+            let room = MAX_LINE - line.len();
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if chunk.len() > room {
+                cut = true;
+                let mut text = String::from_utf8_lossy(&line).into_owned();
+                text.push_str(&format!(" [line cut at {MAX_LINE} bytes]"));
+                each(text);
+                line.clear();
+            }
+        }
+        r.consume(used);
+        if newline {
+            if !cut {
+                let end = line.len() - usize::from(line.last() == Some(&b'\r'));
+                each(String::from_utf8_lossy(&line[..end]).into_owned());
+            }
+            line.clear();
+            cut = false;
+        }
+    }
+    if !line.is_empty() && !cut {
+        each(String::from_utf8_lossy(&line).into_owned());
     }
 }

@@ -60,19 +60,23 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
         }),
         Exit::Killed { why } => Some(Failure::new(TIMEOUT_ERROR, why)),
         Exit::SpawnFailed(m) => Some(Failure::new(COMMAND_ERROR, m)),
+        Exit::BadInput(m) => Some(Failure::new(crate::retry::BAD_ARGUMENTS, m)),
     }
 }
 
-/// Run one of a job's commands: the job's payload on stdin, `env` as built by [`job_env`].
+/// Run one of a job's commands: the job's payload on stdin, `env` as built by [`job_env`] on
+/// top of the worker's variables named by `inherit` (None = all of them).
 pub async fn run_for(
     ctx: &JobContext,
     argv: &[String],
+    inherit: Option<&[String]>,
     env: Vec<(String, String)>,
     stop: impl std::future::Future<Output = command::Stop>,
 ) -> Exit {
     let spec = command::Spec {
         argv,
         env,
+        inherit,
         stdin: ctx.payload.to_string(),
     };
     command::run(spec, stop).await
@@ -81,6 +85,8 @@ pub async fn run_for(
 pub struct CommandJob {
     pub argv: Vec<String>,
     pub timeout: Option<Duration>,
+    /// The manifest's `env` allow-list (None = the worker's whole environment).
+    pub inherit: Option<Vec<String>>,
 }
 
 impl Handler for CommandJob {
@@ -91,6 +97,7 @@ impl Handler for CommandJob {
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
         let argv = self.argv.clone();
         let timeout = self.timeout;
+        let inherit = self.inherit.clone();
         Box::pin(async move {
             let env = job_env(&ctx, None, None);
             let shutdown = ctx.shutdown.clone();
@@ -107,7 +114,7 @@ impl Handler for CommandJob {
                         "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
             };
-            let exit = run_for(&ctx, &argv, env, stop).await;
+            let exit = run_for(&ctx, &argv, inherit.as_deref(), env, stop).await;
             if matches!(exit, Exit::Killed { .. }) && ctx.shutdown.past_deadline() {
                 return Outcome::Requeue;
             }

@@ -26,7 +26,13 @@ pub struct Config {
     pub beat_interval: Duration,
     /// Which Sidekiq versions' Metrics-tab keys to write (`--sidekiq-metrics`).
     pub sidekiq_metrics: crate::job_metrics::Mode,
+    /// A fetched payload longer than this is not parsed: it goes to `dead` as is.
+    pub max_payload_bytes: usize,
 }
+
+/// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
+/// meant to be ids), low enough that one bad push cannot make every worker parse gigabytes.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -46,6 +52,7 @@ impl Default for Config {
             metrics_addr: None,
             beat_interval: Duration::from_secs(5),
             sidekiq_metrics: crate::job_metrics::Mode::default(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         }
     }
 }

@@ -144,6 +144,7 @@ pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
                 crate::command_job::CommandJob {
                     argv: j.run.clone().unwrap_or_default(),
                     timeout: j.timeout_secs.map(Duration::from_secs),
+                    inherit: j.env.clone(),
                 },
             );
         } else {
@@ -168,14 +169,14 @@ pub async fn run_with(
 ) -> Result<(), StartError> {
     let manifest = load_manifest(&config.jobs_dir, &registry)?;
     register_manifest(&mut registry, &manifest);
-    let url = config.redis_url.clone();
+    let url = crate::redact::url(&config.redis_url);
     let redis_err = |err| StartError::Redis {
         url: url.clone(),
         err,
     };
     // A URL that does not parse is a configuration error, not an unreachable server.
     let client = crate::redis_conn::client(&config.redis_url)
-        .map_err(|e| StartError::Config(format!("bad Redis URL {:?}: {e}", config.redis_url)))?;
+        .map_err(|e| StartError::Config(format!("bad Redis URL {:?}: {e}", url)))?;
     let mut conn = crate::redis_conn::shared(&client)
         .await
         .map_err(redis_err)?;
@@ -185,9 +186,11 @@ pub async fn run_with(
         .map_err(redis_err)?;
     let version = crate::redis_conn::check_server(&mut conn)
         .await
-        .map_err(|e| StartError::Config(format!("{}: {e}", config.redis_url)))?;
+        .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
 
     let acker = crate::acker::Acker::start(conn.clone());
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    metrics.know_classes(registry.classes());
     let rt = Arc::new(Runtime {
         client,
         conn,
@@ -195,7 +198,7 @@ pub async fn run_with(
         registry,
         work: WorkState::new(),
         shutdown,
-        metrics: Arc::new(crate::metrics::Metrics::default()),
+        metrics,
         job_metrics: crate::job_metrics::JobMetrics::new(config.sidekiq_metrics),
         acker,
         config,

@@ -23,6 +23,7 @@ pub mod payload;
 pub mod periodic;
 pub mod processor;
 pub mod reconcile;
+pub mod redact;
 pub mod redis_conn;
 pub mod retry;
 pub mod runtime;

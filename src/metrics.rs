@@ -10,6 +10,17 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, Weak};
 
+/// Most distinct class labels taken from payloads; later ones are counted as `class="other"`.
+/// Class names come from whoever pushes jobs: unbounded labels would grow our memory and
+/// every scrape. Classes this worker runs are not counted here: they always get their own.
+const MAX_CLASS_LABELS: usize = 100;
+/// The label every class past MAX_CLASS_LABELS shares.
+const OTHER_CLASS: &str = "other";
+/// Connections served at once; one more is closed at once (a scraper needs one or two).
+const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send its request head, and to take our answer.
+const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Upper bounds (seconds) of the duration histograms.
 const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0,
@@ -49,6 +60,10 @@ pub struct Metrics {
     fetch_calls: AtomicU64,
     /// The slot table, once the heartbeat attached it; `busy` is the fallback before that.
     work: OnceLock<Weak<crate::work::WorkState>>,
+    /// Classes this worker runs (set once at start): always a label of their own.
+    known_classes: OnceLock<std::collections::HashSet<String>>,
+    /// Other class names seen in payloads, up to MAX_CLASS_LABELS.
+    other_classes: Mutex<std::collections::HashSet<String>>,
 }
 
 /// Every family we export, with its type and help, so a dashboard sees them all from the first
@@ -136,8 +151,33 @@ impl Metrics {
             .observe(secs);
     }
 
+    /// Name the classes this worker runs (the launcher calls this once).
+    pub fn know_classes(&self, classes: impl IntoIterator<Item = String>) {
+        let _ = self.known_classes.set(classes.into_iter().collect());
+    }
+
+    /// The label for a class name from a payload: itself while fewer than MAX_CLASS_LABELS
+    /// unknown names have been seen, else "other".
+    fn class_label(&self, class: &str) -> String {
+        if self.known_classes.get().is_some_and(|k| k.contains(class)) {
+            return class.to_string();
+        }
+        let mut seen = self.other_classes.lock().unwrap();
+        if seen.contains(class) {
+            return class.to_string();
+        }
+        if seen.len() < MAX_CLASS_LABELS {
+            seen.insert(class.to_string());
+            return class.to_string();
+        }
+        OTHER_CLASS.to_string()
+    }
+
     pub fn job_finished(&self, class: &str, queue: &str, outcome: &Outcome, secs: f64) {
-        let l = vec![("class", class.to_string()), ("queue", queue.to_string())];
+        let l = vec![
+            ("class", self.class_label(class)),
+            ("queue", queue.to_string()),
+        ];
         self.inc("playguard_jobs_processed_total", l.clone());
         match outcome {
             Outcome::Failed(_) => self.inc("playguard_jobs_failed_total", l.clone()),
@@ -148,7 +188,10 @@ impl Metrics {
     }
 
     pub fn job_fate(&self, class: &str, queue: &str, d: &Decision) {
-        let l = vec![("class", class.to_string()), ("queue", queue.to_string())];
+        let l = vec![
+            ("class", self.class_label(class)),
+            ("queue", queue.to_string()),
+        ];
         match d {
             Decision::Retry { .. } => self.inc("playguard_jobs_retried_total", l),
             Decision::Dead { .. } => self.inc("playguard_jobs_dead_total", l),
@@ -325,13 +368,21 @@ pub async fn serve(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "metrics endpoint listening");
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
                 continue;
             };
+            // Every slot taken (a flood, or slow clients): close this one now rather than
+            // queue it, so no number of connections can grow our memory.
+            let Ok(permit) = slots.clone().try_acquire_owned() else {
+                drop(sock);
+                continue;
+            };
             let metrics = metrics.clone();
             tokio::spawn(async move {
+                let _permit = permit;
                 // Read until the end of the request head: a client may send it in pieces.
                 let mut buf = Vec::with_capacity(1024);
                 let head = async {
@@ -343,10 +394,7 @@ pub async fn serve(
                         }
                     }
                 };
-                if tokio::time::timeout(std::time::Duration::from_secs(5), head)
-                    .await
-                    .is_err()
-                {
+                if tokio::time::timeout(IO_TIMEOUT, head).await.is_err() {
                     return;
                 }
                 let req = String::from_utf8_lossy(&buf);
@@ -370,7 +418,8 @@ pub async fn serve(
                     "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
                 );
-                let _ = sock.write_all(resp.as_bytes()).await;
+                // A client that does not read its answer is dropped too.
+                let _ = tokio::time::timeout(IO_TIMEOUT, sock.write_all(resp.as_bytes())).await;
             });
         }
     });

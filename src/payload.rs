@@ -42,6 +42,29 @@ impl Job {
         }
     }
 
+    /// Whether this is a job at all: `class` a non-empty string, `args` (when present) an
+    /// array, as Sidekiq's client insists. The reason otherwise.
+    pub fn check(&self) -> Result<(), String> {
+        match self.msg.get("class") {
+            Some(Value::String(c)) if !c.is_empty() => {}
+            None => return Err("the payload has no class".into()),
+            Some(v) => return Err(format!("class is {v}, not a class name")),
+        }
+        match self.msg.get("args") {
+            None | Some(Value::Array(_)) => Ok(()),
+            Some(v) => Err(format!(
+                "args is {}, not an array",
+                match v {
+                    Value::String(_) => "a string",
+                    Value::Object(_) => "an object",
+                    Value::Null => "null",
+                    Value::Bool(_) => "a boolean",
+                    _ => "a number",
+                }
+            )),
+        }
+    }
+
     pub fn jid(&self) -> &str {
         self.msg.get("jid").and_then(Value::as_str).unwrap_or("")
     }

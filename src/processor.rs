@@ -18,19 +18,38 @@ pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_se
 /// error_class for a class nobody registered: what Ruby raises when constantize fails.
 pub const UNKNOWN_CLASS_ERROR: &str = "NameError";
 
+/// error_class of a payload that parses but is not a job (no class, args not an array).
+pub const INVALID_PAYLOAD_ERROR: &str = "Playguard::InvalidPayload";
+
 pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
-    let parsed = match String::from_utf8(f.raw.clone()) {
-        Ok(text) => Job::parse(&f.queue, text).map_err(|e| e.to_string()),
-        Err(_) => Err("payload is not valid UTF-8".to_string()),
+    let limit = rt.config.max_payload_bytes;
+    let parsed = if f.raw.len() > limit {
+        Err(format!(
+            "payload of {} bytes is over the limit of {limit} (--max-payload-bytes)",
+            f.raw.len()
+        ))
+    } else {
+        match String::from_utf8(f.raw.clone()) {
+            Ok(text) => Job::parse(&f.queue, text).map_err(|e| e.to_string()),
+            Err(_) => Err("payload is not valid UTF-8".to_string()),
+        }
     };
     let job = match parsed {
         Ok(j) => j,
         Err(e) => {
-            return bury_garbage(rt, &f, &e)
+            return bury_garbage(rt, &f, &e, &f.raw)
                 .instrument(crate::logging::root().clone())
                 .await
         }
     };
+    if let Err(e) = job.check() {
+        // Readable, so it is kept with the reason (the Web UI shows it), the rest unchanged.
+        let entry = crate::retry::dead_entry(&f.raw, INVALID_PAYLOAD_ERROR, &e);
+        let why = format!("{INVALID_PAYLOAD_ERROR}: {e}");
+        return bury_garbage(rt, &f, &why, &entry)
+            .instrument(crate::logging::root().clone())
+            .await;
+    }
     let span = tracing::info_span!(parent: crate::logging::root(), "job",
         jid = %job.jid(), class = %job.display_class(), queue = %f.queue);
     run_job(rt, f, job).instrument(span).await
@@ -153,28 +172,51 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     drop(slot);
 }
 
-/// Write an outcome; a Redis error here is logged, and with reliable fetch the job stays in
-/// the working list, so the orphan sweep runs it again rather than losing it.
+/// Pause between attempts to write an outcome (as the acker retries acks).
+const WRITE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Write an outcome, retrying until it lands: a MULTI is not rolled back when one command
+/// fails, so the ack may already be applied and this write is the job's only copy. Past the
+/// shutdown deadline it gives up (logged); with reliable fetch a job whose ack did not land
+/// either stays in the working list and runs again rather than being lost.
 async fn write(rt: &Runtime, pipe: redis::Pipeline, f: &Fetched) {
     if pipe.cmd_iter().next().is_none() {
         return;
     }
     let mut conn = rt.conn.clone();
-    if let Err(e) = pipe.query_async::<()>(&mut conn).await {
-        tracing::error!(error = %e, queue = %f.queue,
-            "could not record the job's outcome in Redis{}",
-            if rt.reliable() { "; it stays in the working list and will run again" } else { "" });
+    loop {
+        let Err(e) = pipe.query_async::<()>(&mut conn).await else {
+            return;
+        };
+        if rt.shutdown.past_deadline() {
+            tracing::error!(error = %e, queue = %f.queue, payload = %f.shown(),
+                "could not record the job's outcome in Redis before the shutdown deadline{}",
+                if rt.reliable() { "; if it is still in the working list it will run again" } else { "" });
+            return;
+        }
+        tracing::warn!(error = %e, queue = %f.queue,
+            "could not record the job's outcome in Redis; retrying");
+        tokio::time::sleep(WRITE_RETRY_PAUSE).await;
     }
 }
 
-/// A payload that is not a JSON object goes to `dead` as the raw string, as processor.rb does.
-async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str) {
-    tracing::error!(queue = %f.queue, error = why, payload = %f.shown(),
-        "invalid job payload: moved to the dead set as is");
+/// Most payload characters a log line about a bad payload shows.
+const SHOWN_PAYLOAD_CHARS: usize = 1000;
+
+/// A payload that is not a job goes to `dead`: one that is not a JSON object as the raw string,
+/// as processor.rb does (`entry` is then `f.raw`), a readable one with the reason.
+async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str, entry: &[u8]) {
+    let shown = f.shown();
+    let cut = shown.chars().count() > SHOWN_PAYLOAD_CHARS;
+    let shown: String = shown.chars().take(SHOWN_PAYLOAD_CHARS).collect();
+    tracing::error!(queue = %f.queue, error = why, bytes = f.raw.len(), payload = %shown,
+        "invalid job payload: moved to the dead set{}{}",
+        if entry == &f.raw[..] { " as is" } else { "" },
+        if cut { " (payload cut in this line)" } else { "" });
     rt.metrics.garbage(&f.queue);
     let mut pipe = redis::pipe();
     pipe.atomic();
-    retry::add_dead(&mut pipe, &f.raw[..]);
+    retry::add_dead(&mut pipe, entry);
     rt.add_ack(&mut pipe, f);
     write(rt, pipe, f).await;
 }

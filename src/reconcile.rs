@@ -15,7 +15,7 @@ use crate::command::{self, Exit, Stop};
 use crate::command_job::{exit_failure, job_env, run_for, LockEnv, TIMEOUT_ERROR};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::lock::{self, Lease};
-use crate::manifest::{render_template, JobSpec};
+use crate::manifest::{render_key, render_template, JobSpec};
 use crate::retry::Failure;
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,6 +120,8 @@ fn within_lease(mut stop: Stop, ctx: &PhaseContext) -> Stop {
 pub struct CommandPhase {
     pub name: String,
     pub argv: Vec<String>,
+    /// The job's `env` allow-list (None = the worker's whole environment).
+    pub inherit: Option<Vec<String>>,
 }
 
 impl Phase for CommandPhase {
@@ -129,6 +131,7 @@ impl Phase for CommandPhase {
 
     fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
         let argv = self.argv.clone();
+        let inherit = self.inherit.clone();
         Box::pin(async move {
             let env = job_env(
                 &ctx.job,
@@ -152,7 +155,7 @@ impl Phase for CommandPhase {
                     }
                 }
             };
-            let exit = run_for(&ctx.job, &argv, env, stop).await;
+            let exit = run_for(&ctx.job, &argv, inherit.as_deref(), env, stop).await;
             if let Exit::Killed { .. } = exit {
                 if let Some(c) = *cause.lock().unwrap() {
                     return PhaseEnd::Stopped(c);
@@ -239,6 +242,7 @@ pub fn from_manifest(j: &JobSpec) -> Arc<dyn Handler> {
                 let phase: Arc<dyn Phase> = Arc::new(CommandPhase {
                     name: p.name.clone(),
                     argv: p.run.clone(),
+                    inherit: j.env.clone(),
                 });
                 (phase, p.timeout_secs.map(Duration::from_secs_f64))
             })
@@ -295,7 +299,19 @@ async fn run_cycle(
     phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
     ctx: JobContext,
 ) -> Outcome {
-    let key = render_template(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args);
+    // Job data must not pick another key (`9:fence`, another class's lock): refused before
+    // any Redis write, and dead at once, since no retry can change the arguments.
+    let key = match render_key(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args) {
+        Ok(k) => k,
+        Err(why) => {
+            tracing::error!(error_class = crate::retry::BAD_LOCK_KEY, lock_key = %lock.key,
+                "refused: the job's arguments cannot form its lock key: {why}");
+            return Outcome::Failed(Failure::new(
+                crate::retry::BAD_LOCK_KEY,
+                format!("lock key {:?}: {why}", lock.key),
+            ));
+        }
+    };
     let label = lock
         .label
         .as_deref()

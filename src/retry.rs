@@ -16,6 +16,14 @@ pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 60.0 * 60.0;
 /// error_message is cut to this many characters (job_retry.rb).
 const MAX_MESSAGE_CHARS: usize = 10_000;
 
+/// error_class of a job whose arguments cannot form its lock key (see manifest::render_key).
+pub const BAD_LOCK_KEY: &str = "Playguard::BadLockKey";
+/// error_class of a job whose data cannot be handed to a command (a NUL byte, too big for exec).
+pub const BAD_ARGUMENTS: &str = "Playguard::BadArguments";
+/// Failures no retry can fix (the payload itself is the problem): such a job goes to `dead` at
+/// once, or is dropped under `retry: false` / `dead: false` as Sidekiq drops.
+const NEVER_RETRIED: [&str; 2] = [BAD_LOCK_KEY, BAD_ARGUMENTS];
+
 /// What went wrong, in the shape Sidekiq records it.
 #[derive(Debug, Clone)]
 pub struct Failure {
@@ -32,6 +40,22 @@ impl Failure {
             message: message.into(),
             backtrace: Vec::new(),
         }
+    }
+}
+
+/// A dead-set entry for a job that was never run: a JSON object gets `error_class`,
+/// `error_message` and `failed_at` (kept keys, order and numbers otherwise); anything else is
+/// kept byte for byte.
+pub fn dead_entry(raw: &[u8], class: &str, message: &str) -> Vec<u8> {
+    match serde_json::from_slice::<Value>(raw) {
+        Ok(Value::Object(mut msg)) => {
+            let millis = uses_millis(&msg);
+            msg.insert("error_class".into(), Value::from(class));
+            msg.insert("error_message".into(), Value::from(message));
+            msg.insert("failed_at".into(), now_value(millis));
+            dump(&msg).into_bytes()
+        }
+        _ => raw.to_vec(),
     }
 }
 
@@ -76,6 +100,11 @@ pub fn delay_secs(count: i64) -> f64 {
 pub fn decide(job: &Job, failure: &Failure) -> Decision {
     let Some(max) = max_retries(&job.msg) else {
         return Decision::Discard;
+    };
+    let max = if NEVER_RETRIED.contains(&failure.class.as_str()) {
+        0
+    } else {
+        max
     };
     // Start from the original popped payload, never from a modified copy.
     let mut msg = job.msg.clone();

@@ -76,18 +76,43 @@ impl Runtime {
     pub async fn requeue(&self, f: &Fetched) -> redis::RedisResult<()> {
         let mut conn = self.conn.clone();
         if self.reliable() {
-            let _: i64 = REQUEUE
+            let n: i64 = REQUEUE
                 .key(self.working_key(&f.queue))
                 .key(format!("queue:{}", f.queue))
                 .arg(&f.raw)
                 .invoke_async(&mut conn)
                 .await?;
+            if n < 0 {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the queue key holds another type than a list",
+                    format!("queue:{}", f.queue),
+                )));
+            }
         } else {
-            let _: i64 = redis::cmd("RPUSH")
+            let pushed: redis::RedisResult<i64> = redis::cmd("RPUSH")
                 .arg(format!("queue:{}", f.queue))
                 .arg(&f.raw)
                 .query_async(&mut conn)
-                .await?;
+                .await;
+            if let Err(e) = pushed {
+                if e.code() != Some("WRONGTYPE") {
+                    return Err(e);
+                }
+                // Basic fetch has no working list to leave it in: keep it in `dead`.
+                let why = format!(
+                    "queue:{} is not a list: the job could not be pushed back",
+                    f.queue
+                );
+                tracing::error!(queue = %f.queue, error_class = crate::scheduled::BAD_QUEUE_KEY,
+                    "{why}; moved to dead");
+                let mut pipe = redis::pipe();
+                crate::retry::add_dead(
+                    &mut pipe,
+                    &crate::retry::dead_entry(&f.raw, crate::scheduled::BAD_QUEUE_KEY, &why),
+                );
+                pipe.query_async::<()>(&mut conn).await?;
+            }
         }
         Ok(())
     }

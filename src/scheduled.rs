@@ -1,6 +1,7 @@
 //! The scheduled poller, as Sidekiq's scheduled.rb: due members of `retry`, then `schedule`,
 //! are pushed onto `queue:<q>` (with `SADD queues` and a fresh `enqueued_at`) by one Lua script
 //! that removes and pushes in the same step, so no crash can lose a job in between.
+//! A job whose queue key holds another type goes to `dead` with the reason (Playguard::BadQueueKey).
 //! Interval: Sidekiq's random_poll_interval around `poll_interval_average` times the number
 //! of processes, so a fleet polls on average once per `poll_interval_average`.
 
@@ -57,17 +58,62 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
                 None => {
                     tracing::error!(set, payload = %String::from_utf8_lossy(member),
                         "unreadable job in {set}: moved to dead as is");
-                    inv.arg(member).arg("").arg("")
+                    inv.arg(member).arg(member).arg("")
                 }
             };
         }
         inv.arg(now.to_string());
-        let moved: usize = inv.invoke_async(&mut conn).await?;
+        let (moved, refused): (usize, Refused) = push_reply(inv.invoke_async(&mut conn).await?)?;
         total += moved;
+        if !refused.is_empty() {
+            // Refused members are still in the set: bury each with the reason, by the same
+            // script (so only the process whose ZREM wins writes the dead entry).
+            let mut inv = PUSH.key(set);
+            for (member, kind) in &refused {
+                let queue = prepare(member).map(|(_, q)| q).unwrap_or_default();
+                let why = format!(
+                    "queue:{queue} holds a {kind}, not a list: the job cannot be enqueued there"
+                );
+                tracing::error!(set, error_class = BAD_QUEUE_KEY, payload = %String::from_utf8_lossy(member),
+                    "{why}; moved to dead");
+                inv.arg(member)
+                    .arg(crate::retry::dead_entry(member, BAD_QUEUE_KEY, &why))
+                    .arg("");
+            }
+            inv.arg(now.to_string());
+            let (buried, _) = push_reply(inv.invoke_async(&mut conn).await?)?;
+            total += buried;
+        }
         if (due.len() as isize) < BATCH {
             return Ok(total);
         }
     }
+}
+
+/// error_class of a job whose `queue:<q>` key holds another type than a list.
+pub const BAD_QUEUE_KEY: &str = "Playguard::BadQueueKey";
+
+/// Members the push script refused, each with the type its queue key holds.
+type Refused = Vec<(Vec<u8>, String)>;
+
+/// The push script's reply: how many moved, and the members it refused.
+fn push_reply(v: Vec<redis::Value>) -> redis::RedisResult<(usize, Refused)> {
+    let mut it = v.iter();
+    let moved: usize = match it.next() {
+        Some(n) => redis::from_redis_value_ref(n)?,
+        None => 0,
+    };
+    let rest: Vec<&redis::Value> = it.collect();
+    let mut refused = Vec::new();
+    for pair in rest.chunks(2) {
+        if let [m, t] = pair {
+            refused.push((
+                redis::from_redis_value_ref(m)?,
+                redis::from_redis_value_ref(t)?,
+            ));
+        }
+    }
+    Ok((moved, refused))
 }
 
 /// Sidekiq's random_poll_interval: `avg * rand + avg / 2` with avg = processes x average.

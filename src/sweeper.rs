@@ -105,7 +105,26 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
         for q in &queues {
             inv.arg(q);
         }
-        let n: i64 = inv.invoke_async(&mut conn).await?;
+        // One identity that cannot be recovered (say, a working list of the wrong type) must
+        // not stop the sweep for all the others: log it and go on; its entry stays.
+        let reply: Vec<redis::Value> = match inv.invoke_async(&mut conn).await {
+            Ok(redis::Value::Array(v)) => v,
+            Ok(_) => continue, // -1 (alive) or -2 (no queues): nothing to do
+            Err(e) => {
+                tracing::error!(dead_process = %identity, error = %e,
+                    "orphan sweep: cannot recover this process's jobs; they stay in its working lists");
+                continue;
+            }
+        };
+        let n: i64 = reply
+            .first()
+            .and_then(|v| redis::from_redis_value_ref(v).ok())
+            .unwrap_or(0);
+        for q in &reply[1.min(reply.len())..] {
+            let q: String = redis::from_redis_value_ref(q).unwrap_or_default();
+            tracing::error!(dead_process = %identity, queue = %q,
+                "orphan sweep: queue:{q} is not a list; its jobs stay in the dead process's working list");
+        }
         if n > 0 {
             tracing::warn!(dead_process = %identity, jobs = n,
                 "recovered jobs of a worker that died without a clean stop");
@@ -165,7 +184,17 @@ pub async fn drain_own(rt: &Runtime) -> redis::RedisResult<i64> {
             .key(format!("queue:{q}"));
     }
     let mut conn = rt.conn.clone();
-    inv.invoke_async(&mut conn).await
+    let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+    for key in reply.iter().skip(1) {
+        let key: String = redis::from_redis_value_ref(key)?;
+        tracing::error!(
+            "{key} is not a list: its jobs stay in our working list, for the orphan sweep"
+        );
+    }
+    match reply.first() {
+        Some(n) => Ok(redis::from_redis_value_ref(n)?),
+        None => Ok(0),
+    }
 }
 
 /// Sweep now and every SWEEP_EVERY until stopping.

@@ -233,3 +233,89 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
 }
+
+/// Class names come from payloads: past 100 distinct ones the rest fold into `class="other"`,
+/// while a class the worker runs keeps its own label.
+#[test]
+fn class_labels_are_bounded() {
+    let redis = RedisServer::start();
+    let p = project();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _w = Worker::start(&redis, p.path(), &["--metrics-addr", &addr]);
+    for i in 0..150 {
+        push(
+            &redis,
+            &format!("Nobody{i}"),
+            "default",
+            "true",
+            &now().to_string(),
+        );
+    }
+    push(&redis, "OkJob", "default", "true", &now().to_string());
+    let processed = |m: &BTreeMap<String, f64>| -> f64 {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("playguard_jobs_processed_total{"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    wait_until("all 151 jobs ran", Duration::from_secs(60), || {
+        http_get(port, "/health").is_some() && processed(&scrape(port)) == 151.0
+    });
+    let m = scrape(port);
+    let classes: std::collections::BTreeSet<String> = m
+        .keys()
+        .filter_map(|k| k.split("class=\"").nth(1))
+        .map(|r| r.split('"').next().unwrap().to_string())
+        .collect();
+    assert!(classes.len() <= 102, "{} class labels", classes.len());
+    assert!(
+        classes.contains("other") && classes.contains("OkJob"),
+        "{classes:?}"
+    );
+    assert_eq!(
+        val(
+            &m,
+            "playguard_jobs_processed_total{class=\"OkJob\",queue=\"default\"}"
+        ),
+        1.0
+    );
+}
+
+/// 64 connections that send nothing take every slot: the next one is closed at once, not
+/// served; once they go, the endpoint serves again. A client that never finishes its request
+/// is dropped.
+#[test]
+fn connections_are_bounded_and_slow_clients_dropped() {
+    use std::io::{Read, Write};
+    let redis = RedisServer::start();
+    let p = project();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let _w = Worker::start(&redis, p.path(), &["--metrics-addr", &addr]);
+    wait_until("the endpoint answers", Duration::from_secs(20), || {
+        http_get(port, "/metrics").is_some()
+    });
+    let idle: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    assert_eq!(
+        http_get(port, "/metrics"),
+        None,
+        "a 65th connection was served"
+    );
+    drop(idle);
+    wait_until("the endpoint serves again", Duration::from_secs(20), || {
+        http_get(port, "/metrics").is_some_and(|(s, _)| s == 200)
+    });
+    // Slowloris: half a request line, then silence. The server hangs up.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(b"GET /metr").unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        s.read(&mut buf).unwrap(),
+        0,
+        "the server closes the connection"
+    );
+}

@@ -244,15 +244,22 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
         );
     }
     assert!(w.saw("invalid job payload"));
-    let working: Vec<String> = redis::cmd("KEYS")
-        .arg("playguard:working:*")
-        .query(&mut c)
-        .unwrap();
-    let stuck: i64 = working
-        .iter()
-        .map(|k| redis::cmd("LLEN").arg(k).query::<i64>(&mut c).unwrap())
-        .sum();
-    assert_eq!(stuck, 0, "nothing left in working lists");
+    // Acks are batched after the job's command exits: wait for the last one to land.
+    wait_until(
+        "nothing left in working lists",
+        Duration::from_secs(10),
+        || {
+            let working: Vec<String> = redis::cmd("KEYS")
+                .arg("playguard:working:*")
+                .query(&mut c)
+                .unwrap();
+            working
+                .iter()
+                .map(|k| redis::cmd("LLEN").arg(k).query::<i64>(&mut c).unwrap())
+                .sum::<i64>()
+                == 0
+        },
+    );
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
 }

@@ -165,12 +165,24 @@ impl Worker {
     }
 
     pub fn start_cmd(redis: &RedisServer, dir: &Path, sub: &str, args: &[&str]) -> Worker {
+        Self::start_at(&redis.url(), dir, sub, args, &[])
+    }
+
+    /// Start `playguard <sub> -r <url>` with extra environment variables.
+    pub fn start_at(
+        url: &str,
+        dir: &Path,
+        sub: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
         let mut child = Command::new(bin())
             .arg(sub)
-            .args(["-r", &redis.url()])
+            .args(["-r", url])
             .args(args)
             .current_dir(dir)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -1,0 +1,108 @@
+//! A command's output never breaks its job: bytes that are not UTF-8 are logged lossily, an
+//! overlong line is cut, and a grandchild that left the process group and keeps the pipes open
+//! does not keep a finished job running.
+//! Each test owns its redis-server; waits are conditions with deadlines, never timings.
+
+mod support;
+
+use std::time::Duration;
+use support::*;
+
+fn zcard(redis: &RedisServer, key: &str) -> i64 {
+    redis::cmd("ZCARD")
+        .arg(key)
+        .query(&mut redis.conn())
+        .unwrap()
+}
+
+/// `printf 'caf\351\n'` then more output: the command is not killed by SIGPIPE, the line is
+/// logged with a replacement character, and the job succeeds.
+#[test]
+fn non_utf8_output_is_logged_lossily_and_the_command_runs_on() {
+    let redis = RedisServer::start();
+    let p = Project::with_jobs(&[(
+        "Latin1Job",
+        "latin1",
+        "#!/bin/sh\nprintf 'caf\\351\\n'\nprintf 'err \\377\\376\\n' >&2\n\
+         i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done\n\
+         echo finished > finished.txt\n",
+    )]);
+    let w = Worker::start(&redis, p.path(), &[]);
+    enqueue(&redis, &["Latin1Job"]);
+    w.wait_for_line("line 2999", Duration::from_secs(20));
+    wait_until("the job finished", Duration::from_secs(20), || {
+        w.saw("done elapsed_ms") || zcard(&redis, "retry") > 0
+    });
+    assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
+    assert!(p.path().join("finished.txt").exists());
+    assert!(w.saw("caf\u{FFFD}"), "{}", w.output());
+    assert!(w.saw("err \u{FFFD}\u{FFFD}"), "{}", w.output());
+}
+
+/// A 1 MiB line without a newline is logged cut, not buffered whole; output after it still
+/// arrives and the job succeeds.
+#[test]
+fn an_overlong_line_is_cut() {
+    let redis = RedisServer::start();
+    let p = Project::with_jobs(&[(
+        "LongLineJob",
+        "long",
+        "#!/bin/sh\nhead -c 1048576 /dev/zero | tr '\\0' x\necho\necho short-after\n",
+    )]);
+    let w = Worker::start(&redis, p.path(), &[]);
+    enqueue(&redis, &["LongLineJob"]);
+    w.wait_for_line("short-after", Duration::from_secs(20));
+    wait_until("the job finished", Duration::from_secs(20), || {
+        w.saw("done elapsed_ms")
+    });
+    let lines = w.lines.lock().unwrap().clone();
+    let longest = lines.iter().map(String::len).max().unwrap();
+    assert!(longest < 20_000, "a log line of {longest} bytes");
+    assert!(lines
+        .iter()
+        .any(|l| l.contains("xxxx") && l.contains("[line cut")));
+    assert_eq!(zcard(&redis, "retry"), 0);
+}
+
+/// Kills the grandchildren a test's commands left behind (one pid a line), whatever the test's
+/// outcome.
+struct KillPidFile(std::path::PathBuf);
+
+impl Drop for KillPidFile {
+    fn drop(&mut self) {
+        let pids = std::fs::read_to_string(&self.0).unwrap_or_default();
+        for pid in pids.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            signal(pid, "KILL");
+        }
+    }
+}
+
+/// `setsid sleep 120 &` keeps stdout and stderr open after the command exited: the job is
+/// done (its slot free) at once, not when the grandchild exits.
+#[test]
+fn a_grandchild_holding_the_pipes_does_not_keep_the_job_running() {
+    let redis = RedisServer::start();
+    let p = Project::with_jobs(&[(
+        "LeakyJob",
+        "leaky",
+        "#!/bin/sh\nsetsid sleep 120 &\necho $! >> grandchild.pid\necho started\n",
+    )]);
+    let _gc = KillPidFile(p.path().join("grandchild.pid"));
+    let mut w = Worker::start(&redis, p.path(), &["-c", "1"]);
+    enqueue(&redis, &["LeakyJob"]);
+    w.wait_for_line("started", Duration::from_secs(20));
+    // Well before the grandchild's 120 s: the job is done and the one slot runs the next job.
+    w.wait_for_line("done elapsed_ms", Duration::from_secs(30));
+    enqueue(&redis, &["LeakyJob"]);
+    wait_until("the second job finished", Duration::from_secs(30), || {
+        w.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("done elapsed_ms"))
+            .count()
+            == 2
+    });
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
