@@ -24,6 +24,8 @@ pub struct Config {
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Heartbeat period (Sidekiq 6.4's 5 s; remote signals are read at each beat).
     pub beat_interval: Duration,
+    /// The application's PostgreSQL (`DATABASE_URL` / `--database-url`), if any.
+    pub database_url: Option<String>,
 }
 
 impl Default for Config {
@@ -43,6 +45,7 @@ impl Default for Config {
             poll_interval_average: 5.0,
             metrics_addr: None,
             beat_interval: Duration::from_secs(5),
+            database_url: None,
         }
     }
 }

@@ -34,6 +34,8 @@ pub struct Runtime {
     pub shutdown: Shutdown,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub acker: crate::acker::Acker,
+    /// `DATABASE_URL`: fences for `fence = "database"` locks and the cycle ledger.
+    pub db: Option<crate::db::Db>,
 }
 
 static REQUEUE: std::sync::LazyLock<redis::Script> =

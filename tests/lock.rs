@@ -146,7 +146,11 @@ async fn fenced_writes_reject_the_stale_holders_second_write() {
     seed_at_fence_32(&c1, "lock:retention", row, "7").await;
 
     let mut w1 = acquire(&c1, key, TTL).await.unwrap().expect("W1 takes it");
-    assert!(w1.fence() > 32, "W1's fence {} is above the row's", w1.fence());
+    assert!(
+        w1.fence() > 32,
+        "W1's fence {} is above the row's",
+        w1.fence()
+    );
     freeze_past_lease(&c1, key).await;
     let w2 = acquire(&c2, key, TTL).await.unwrap().expect("W2 takes it");
     assert!(w2.fence() > w1.fence());
@@ -158,10 +162,7 @@ async fn fenced_writes_reject_the_stale_holders_second_write() {
         "W1's stale write is refused"
     );
     assert_eq!(hget(&c2, row, "value").await.as_deref(), Some("90"));
-    assert_eq!(
-        hget(&c2, row, "fence").await,
-        Some(w2.fence().to_string())
-    );
+    assert_eq!(hget(&c2, row, "fence").await, Some(w2.fence().to_string()));
 
     assert_eq!(w1.renew().await, Err(LockLost::NotOwner));
     assert!(w2.release().await.unwrap());
@@ -442,7 +443,10 @@ async fn fences_increase_across_flushall_and_follow_a_high_counter() {
         .unwrap();
     let l = acquire(&c, key, TTL).await.unwrap().unwrap();
     assert_eq!(l.fence(), high + 1);
-    assert_eq!(get(&c, &format!("{key}:fence")).await, Some((high + 1).to_string()));
+    assert_eq!(
+        get(&c, &format!("{key}:fence")).await,
+        Some((high + 1).to_string())
+    );
     assert!(l.release().await.unwrap());
 }
 
