@@ -1,12 +1,17 @@
 //! Round-trip cost of the token lock against a private redis-server, and proof that each
-//! operation is a single client command (one EVALSHA). Redis keys: `bench:lock:<i>` and
-//! `bench:lock:<i>:fence`, in a redis-server this program starts and stops.
+//! operation is a single client command (one EVALSHA). Then the cost the PostgreSQL fence
+//! store adds per acquisition (ledger row; database fence) and per renewal (fence check),
+//! against a private PostgreSQL cluster. Redis keys: `bench:lock:<i>`, `bench:lock:<i>:fence`,
+//! `bench:<mode>:<i>` (+ `:fence`), in a redis-server this program starts and stops. Tables:
+//! `playguard_fences`, `playguard_cycles`, in a cluster it creates and stops.
 //!
 //! Run with `cargo bench --bench lock` (`BENCH_N=...` to change the 10000 operations per kind).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use playguard::db::Db;
+use playguard::fence_store::{hold, FenceSource, Held};
 use playguard::lock::{acquire, Lease};
 use playguard::redis_conn::shared;
 use playguard::redis_conn::Conn as MultiplexedConnection;
@@ -36,6 +41,20 @@ fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
         .map(|(name, n)| (name.clone(), n - before.get(name).copied().unwrap_or(0)))
         .filter(|(_, d)| *d > 0)
         .collect()
+}
+
+/// Timing only: for steps that send no Redis command.
+fn report_time(op: &str, n: usize, mut samples: Vec<Duration>) -> f64 {
+    samples.sort();
+    let total: Duration = samples.iter().sum();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let mean = us(total) / n as f64;
+    println!(
+        "{op:<28} n={n}  mean {mean:7.1} us/op  p50 {:7.1} us  p99 {:7.1} us",
+        us(samples[n / 2]),
+        us(samples[n * 99 / 100])
+    );
+    mean
 }
 
 fn report(op: &str, n: usize, mut samples: Vec<Duration>, calls: &BTreeMap<String, u64>) {
@@ -121,4 +140,56 @@ async fn main() {
         samples,
         &delta(&before, &command_calls(&conn).await),
     );
+
+    // The PostgreSQL fence store: what it adds to each acquisition and renewal.
+    let pg = support::PostgresServer::start();
+    let db = Db::new(&pg.url(), "bench").unwrap();
+    db.ensure_schema().await.unwrap();
+    let mut redis_renew = Vec::with_capacity(n);
+    for (mode, source) in [
+        ("redis", FenceSource::Redis),
+        ("database", FenceSource::Database),
+    ] {
+        let mut held: Vec<Held> = Vec::with_capacity(n);
+        let mut samples = Vec::with_capacity(n);
+        for i in 0..n {
+            let lease = acquire(&conn, &format!("bench:{mode}:{i}"), ttl)
+                .await
+                .unwrap()
+                .expect("free key");
+            let t = Instant::now();
+            let h = hold(lease, source, Some(&db), "bench-jid")
+                .await
+                .unwrap_or_else(|(_, e)| panic!("hold: {e}"));
+            samples.push(t.elapsed());
+            held.push(h);
+        }
+        let what = match source {
+            FenceSource::Redis => "+ ledger row (fence=redis)",
+            FenceSource::Database => "+ db fence & ledger row",
+        };
+        report_time(&format!("acquire {what}"), n, samples);
+
+        let mut samples = Vec::with_capacity(n);
+        for h in held.iter_mut() {
+            let t = Instant::now();
+            h.renew().await.unwrap();
+            samples.push(t.elapsed());
+        }
+        if source == FenceSource::Redis {
+            redis_renew = samples.clone();
+        }
+        let mean = report_time(&format!("renew, fence={mode}"), n, samples);
+        if source == FenceSource::Database {
+            let base = redis_renew.iter().sum::<Duration>().as_secs_f64() * 1e6 / n as f64;
+            println!(
+                "{:<28} {:+.1} us/op over fence=redis",
+                "renew: added by db check",
+                mean - base
+            );
+        }
+        for h in &held {
+            assert!(h.lease.release().await.unwrap());
+        }
+    }
 }

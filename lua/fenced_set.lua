@@ -4,7 +4,8 @@
 -- The same rule as SQL `... WHERE id = $id AND fence <= $fence`.
 --   ARGV[1] = fence (decimal integer), ARGV[2] = value.
 -- Reply: 1 = written, 0 = refused (a newer fence already wrote).
--- Fences come from INCR and stay far below 2^53, so Lua numbers compare them exactly.
+-- Fences are at most about the Redis clock in microseconds (~1.8e15 in 2026), far below 2^53,
+-- so Lua numbers compare them exactly.
 local given = tonumber(ARGV[1])
 if given == nil then
   return redis.error_reply('fenced_set: fence is not a number')

@@ -4,7 +4,20 @@
 --   ARGV[1] = token (fresh UUIDv4), ARGV[2] = lease length in whole milliseconds.
 -- Reply: {token, fence} on success; false (nil to a RESP2 client) when someone holds the lock.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.call('INCR', KEYS[2])
+  -- fence = max(counter + 1, Redis clock in microseconds): a counter Redis lost (restart
+  -- without persistence, FLUSHALL, failover to a lagging replica) cannot start again below
+  -- fences already handed out, as long as the server clock never steps back. The clock is
+  -- built as a string (seconds .. 6-digit microseconds) so no float formatting rounds it.
+  local t = redis.call('TIME')
+  local clock = t[1] .. string.format('%06d', tonumber(t[2]))
+  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local fence
+  if counter ~= nil and counter >= tonumber(clock) then
+    fence = redis.call('INCR', KEYS[2])
+  else
+    redis.call('SET', KEYS[2], clock)
+    fence = tonumber(clock)
+  end
   return {ARGV[1], fence}
 end
 return false

@@ -28,8 +28,26 @@ enum Cmd {
     Run(RunArgs),
     /// Push a job as the Sidekiq client would.
     Enqueue(EnqueueArgs),
-    /// Validate the manifests and reach Redis.
+    /// Validate the manifests and reach Redis (and PostgreSQL when a database URL is set).
     Check(CheckArgs),
+    /// Database helpers: `playguard db schema` prints the SQL of playguard's tables.
+    #[command(subcommand)]
+    Db(DbCmd),
+}
+
+#[derive(Subcommand)]
+enum DbCmd {
+    /// Print the CREATE TABLE statements of playguard_fences and playguard_cycles.
+    Schema,
+}
+
+/// `--database-url`, shared by `run` and `check`. The env value is never shown in --help.
+#[derive(Args, Clone, Default)]
+struct DatabaseUrl {
+    /// PostgreSQL URL (postgres://user:password@host/db?sslmode=disable|prefer): fences for
+    /// `fence = "database"` locks and the cycle ledger.
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
 }
 
 /// `-r`, shared by every subcommand.
@@ -51,6 +69,8 @@ struct RedisUrl {
 struct RunArgs {
     #[command(flatten)]
     redis: RedisUrl,
+    #[command(flatten)]
+    database: DatabaseUrl,
     /// Queue to process, optionally with a weight: -q critical,3 -q default. Repeatable.
     #[arg(short = 'q', long = "queue")]
     queues: Vec<String>,
@@ -117,6 +137,8 @@ struct CheckArgs {
     jobs: PathBuf,
     #[command(flatten)]
     redis: RedisUrl,
+    #[command(flatten)]
+    database: DatabaseUrl,
 }
 
 fn environment(flag: Option<String>) -> String {
@@ -136,6 +158,7 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
         reliable_fetch: a.fetch == "reliable",
         metrics_addr: a.metrics_addr,
         sidekiq_metrics: a.sidekiq_metrics.parse()?,
+        database_url: a.database.database_url.filter(|u| !u.is_empty()),
         ..Config::default()
     };
     let file = match a.config {
@@ -215,6 +238,10 @@ pub fn main_with(registry: Registry) -> i32 {
         Some(Cmd::Run(a)) => run(a, registry),
         Some(Cmd::Enqueue(a)) => enqueue(a),
         Some(Cmd::Check(a)) => check(a, &registry),
+        Some(Cmd::Db(DbCmd::Schema)) => {
+            print!("{}", crate::db::SCHEMA);
+            0
+        }
     }
 }
 
@@ -235,6 +262,10 @@ fn run(a: RunArgs, registry: Registry) -> i32 {
         Err(e @ crate::launcher::StartError::Config(_)) => {
             eprintln!("playguard: configuration error: {e}");
             2
+        }
+        Err(e @ crate::launcher::StartError::Database { .. }) => {
+            eprintln!("playguard: {e}");
+            1
         }
         Err(e) => {
             eprintln!("playguard: {e}");
@@ -326,6 +357,13 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
             return 2;
         }
     };
+    let database = match check_database(&a, &m, registry) {
+        Ok(d) => d,
+        Err((code, line)) => {
+            eprintln!("playguard: {line}");
+            return code;
+        }
+    };
     let res = runtime().block_on(async {
         let client = crate::redis_conn::client(&a.redis.url).map_err(|e| e.to_string())?;
         let mut conn = crate::redis_conn::shared(&client)
@@ -354,7 +392,56 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
                 registry.classes().len(),
                 crate::redact::url(&a.redis.url)
             );
+            if let Some(line) = database {
+                println!("ok: {line}");
+            }
             0
         }
     }
+}
+
+/// The database half of `check`: a `fence = "database"` job without a URL is a configuration
+/// error (2); a URL that does not answer is 1. The password is never printed.
+fn check_database(
+    a: &CheckArgs,
+    m: &crate::manifest::Manifest,
+    registry: &Registry,
+) -> Result<Option<String>, (i32, String)> {
+    use crate::fence_store::FenceSource;
+    let url = a.database.database_url.as_deref().filter(|u| !u.is_empty());
+    let mut needing = registry.needing_database();
+    needing.extend(
+        m.jobs
+            .iter()
+            .filter(|j| {
+                j.lock
+                    .as_ref()
+                    .is_some_and(|l| l.fence_source() == FenceSource::Database)
+            })
+            .map(|j| j.class.clone()),
+    );
+    if url.is_none() && !needing.is_empty() {
+        return Err((
+            2,
+            format!(
+                "configuration error: {}",
+                crate::launcher::missing_database(&needing)
+            ),
+        ));
+    }
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    let db = crate::db::Db::new(url, "playguard-check")
+        .map_err(|e| (2, format!("configuration error: {e}")))?;
+    let version = runtime().block_on(db.server_version()).map_err(|e| {
+        (
+            1,
+            format!("cannot reach PostgreSQL at {}: {e}", db.shown_url()),
+        )
+    })?;
+    Ok(Some(format!(
+        "PostgreSQL {version} at {} answers",
+        db.shown_url()
+    )))
 }

@@ -28,6 +28,8 @@ pub struct Config {
     pub sidekiq_metrics: crate::job_metrics::Mode,
     /// A fetched payload longer than this is not parsed: it goes to `dead` as is.
     pub max_payload_bytes: usize,
+    /// The application's PostgreSQL (`DATABASE_URL` / `--database-url`), if any.
+    pub database_url: Option<String>,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -53,6 +55,7 @@ impl Default for Config {
             beat_interval: Duration::from_secs(5),
             sidekiq_metrics: crate::job_metrics::Mode::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            database_url: None,
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct JobContext {
     pub redis: crate::redis_conn::Conn,
     /// Counters for lock events and phase durations (served on --metrics-addr).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The application's PostgreSQL when `DATABASE_URL` / `--database-url` is set.
+    pub db: Option<crate::db::Db>,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 
@@ -60,6 +62,12 @@ pub trait Handler: Send + Sync + 'static {
     /// and returning `Requeue`). Others are abandoned at the deadline, like Sidekiq's
     /// hard shutdown interrupting a thread.
     fn stops_itself(&self) -> bool {
+        false
+    }
+
+    /// Whether this class cannot run without a database URL (`fence = "database"`); the
+    /// worker then refuses to start without one.
+    fn needs_database(&self) -> bool {
         false
     }
 }
@@ -118,6 +126,18 @@ impl Registry {
 
     pub fn contains(&self, class: &str) -> bool {
         self.map.contains_key(class)
+    }
+
+    /// Classes that cannot run without a database URL, sorted.
+    pub fn needing_database(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .map
+            .iter()
+            .filter(|(_, h)| h.needs_database())
+            .map(|(c, _)| c.clone())
+            .collect();
+        v.sort();
+        v
     }
 
     pub fn classes(&self) -> Vec<String> {

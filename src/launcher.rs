@@ -22,6 +22,8 @@ const AFTER_DEADLINE: Duration = Duration::from_secs(10);
 pub enum StartError {
     #[error("cannot reach Redis at {url}: {err}")]
     Redis { url: String, err: redis::RedisError },
+    #[error("cannot reach PostgreSQL at {url}: {err}")]
+    Database { url: String, err: String },
     #[error("{0}")]
     Config(String),
 }
@@ -153,6 +155,47 @@ pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
     }
 }
 
+/// Classes with `fence = "database"` need a database URL: refuse to start without one.
+pub fn check_database_needs(
+    database_url: Option<&str>,
+    registry: &Registry,
+) -> Result<(), StartError> {
+    let needing = registry.needing_database();
+    if database_url.is_none() && !needing.is_empty() {
+        return Err(StartError::Config(missing_database(&needing)));
+    }
+    Ok(())
+}
+
+/// The one line for classes that need a database URL when none is set.
+pub fn missing_database(classes: &[String]) -> String {
+    format!(
+        "{} take{} fences from PostgreSQL (fence = \"database\") but no database URL is set (DATABASE_URL or --database-url)",
+        classes.join(", "),
+        if classes.len() == 1 { "s" } else { "" }
+    )
+}
+
+/// Parse the database URL, reach the server and create the tables when missing.
+async fn open_database(
+    config: &Config,
+    identity: &str,
+) -> Result<Option<crate::db::Db>, StartError> {
+    let Some(url) = config.database_url.as_deref() else {
+        return Ok(None);
+    };
+    let db = crate::db::Db::new(url, identity).map_err(|e| StartError::Config(e.to_string()))?;
+    let unreachable = |e: crate::db::DbError| StartError::Database {
+        url: db.shown_url().to_string(),
+        err: e.to_string(),
+    };
+    db.ensure_schema().await.map_err(unreachable)?;
+    let version = db.server_version().await.map_err(unreachable)?;
+    tracing::info!(database = %db.shown_url(), postgres = %version,
+        "PostgreSQL answers; playguard_fences and playguard_cycles are in place");
+    Ok(Some(db))
+}
+
 /// Run a worker until a signal tells it to stop. `registry` holds Rust handlers; manifest
 /// entries from `config.jobs_dir` are added to it.
 pub async fn run(config: Config, registry: Registry) -> Result<(), StartError> {
@@ -169,6 +212,7 @@ pub async fn run_with(
 ) -> Result<(), StartError> {
     let manifest = load_manifest(&config.jobs_dir, &registry)?;
     register_manifest(&mut registry, &manifest);
+    check_database_needs(config.database_url.as_deref(), &registry)?;
     let url = crate::redact::url(&config.redis_url);
     let redis_err = |err| StartError::Redis {
         url: url.clone(),
@@ -188,13 +232,17 @@ pub async fn run_with(
         .await
         .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
 
+    let identity = heartbeat::new_identity();
+    let db = open_database(&config, &identity).await?;
+
     let acker = crate::acker::Acker::start(conn.clone());
     let metrics = Arc::new(crate::metrics::Metrics::default());
     metrics.know_classes(registry.classes());
     let rt = Arc::new(Runtime {
         client,
         conn,
-        identity: heartbeat::new_identity(),
+        db,
+        identity,
         registry,
         work: WorkState::new(),
         shutdown,

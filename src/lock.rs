@@ -1,61 +1,18 @@
 //! Token lock with fencing numbers, for jobs that must never run twice at once (one Marquee,
 //! one reconciler). Redis keys: `<key>` (the lock; its value is the holder's UUIDv4 token),
-//! `<key>:fence` (an INCR counter, one number per acquisition), the `<key>` passed to
-//! [`once`] (a plain `1` with a TTL), and the hash `<key>` passed to [`fenced_set`]
-//! (`{fence, value}`).
+//! `<key>:fence` (the last fence handed out), the `<key>` passed to [`once`] (a plain `1` with
+//! a TTL), and the hash `<key>` passed to [`fenced_set`] (`{fence, value}`).
 //!
-//! # Why a token and a fence
+//! A random token per acquisition makes renewal and release compare-and-act scripts
+//! ([`Lease::renew`] is compare-and-PEXPIRE, [`Lease::release`] compare-and-DEL), so a holder
+//! whose lease ran out can neither extend nor delete the next owner's lock (seed 004's
+//! hourly-digest timeline). The token cannot stop a stalled holder's writes already on their
+//! way; the fence does: the acquire script hands out `max(counter + 1, Redis clock in µs)`
+//! with the `SET NX`, and the store refuses a write older than one it accepted. What the fence
+//! protects, the SQL recipe, and the PostgreSQL fence store are in README.md ("Fencing").
 //!
-//! A plain `SET key 1 NX PX` plus `DEL key` breaks as soon as a holder stalls past its lease:
-//! the key expires, a second worker takes it, and the first one wakes up and deletes the
-//! second one's lock, letting a third worker in while the second is still busy (seed 004's
-//! hourly-digest timeline). Storing a random token per acquisition makes every renewal and
-//! release a compare-and-act ([`Lease::renew`] is compare-and-PEXPIRE, [`Lease::release`]
-//! is compare-and-DEL), each one Lua script, so the comparison and the action cannot be split
-//! by another client.
-//!
-//! The token alone cannot stop a stalled holder's *writes* that are already on the wire when
-//! its lease ends. That is what the fence is for: each acquisition takes the next number from
-//! `<key>:fence`, in the same script as the `SET NX`, and every write the holder makes to the
-//! outside world carries it. The store refuses a write whose number is older than one it has
-//! already accepted (seed 004's retention and seat-map timelines: the paused W1 holds 33, W2
-//! holds 34, and W1's late write must lose, even after an admin reset the row's status, which
-//! a status check alone would have let through).
-//!
-//! # Fencing recipes
-//!
-//! SQL: keep a `fence` column on the guarded row and make every write conditional on it:
-//!
-//! ```sql
-//! UPDATE seatmaps SET status = 'ready', snapshot = $1, fence = $2
-//!  WHERE id = $3 AND fence <= $2;
-//! -- rows affected = 0  =>  a newer holder already wrote: stop, do not retry.
-//! ```
-//!
-//! `<=` rather than `<` lets one holder write the same row more than once. Always check the
-//! rows-affected count; a refused write is the signal that this holder is stale.
-//!
-//! Redis: keep the fence next to the value and compare inside Lua, which is what
-//! [`fenced_set`] does with `lua/fenced_set.lua` (no WATCH/MULTI needed):
-//!
-//! ```lua
-//! local stored = redis.call('HGET', KEYS[1], 'fence')
-//! if stored == false or tonumber(stored) <= tonumber(ARGV[1]) then
-//!   redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2])
-//!   return 1
-//! end
-//! return 0
-//! ```
-//!
-//! # Limits
-//!
-//! - One Redis, no Redlock quorum (design.md). The fence counter lives in that Redis: if Redis
-//!   loses its data (restart without persistence, failover to a lagging replica) the counter
-//!   restarts and new fences can be *lower* than ones already written downstream. Run Redis
-//!   with persistence, or seed `<key>:fence` above the largest fence the store has seen.
-//! - `<key>` and `<key>:fence` are two keys; on Redis Cluster they must share a hash tag
-//!   (`lock:{marquee-7}`), or the acquire script is rejected with CROSSSLOT.
-//! - Leases are whole milliseconds; a sub-millisecond part of the TTL is dropped.
+//! Limits: one Redis, no Redlock quorum (design.md); `<key>` and `<key>:fence` must share a
+//! hash slot on Redis Cluster (`lock:{marquee-7}`); leases are whole milliseconds.
 
 use crate::redis_conn::Conn as MultiplexedConnection;
 use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
@@ -117,11 +74,11 @@ pub enum LockLost {
 /// release need no arguments. Dropping a `Lease` does not release it (that would need an
 /// async call in `Drop`); the key then expires after at most `ttl`.
 pub struct Lease {
-    /// The lock key; `<key>:fence` is its counter.
+    /// The lock key; `<key>:fence` holds the last fence handed out.
     key: String,
     /// UUIDv4 written as the key's value; proof of ownership for renew and release.
     token: String,
-    /// The number INCR gave this acquisition; attach it to every guarded write.
+    /// The fence the acquire script gave this acquisition; attach it to every guarded write.
     fence: i64,
     /// Lease length sent to Redis (whole milliseconds).
     ttl: Duration,
@@ -319,7 +276,7 @@ pub async fn once(conn: &MultiplexedConnection, key: &str, ttl: Duration) -> Red
 
 /// Write `value` into the hash `key` as `{fence, value}` only if the stored fence is
 /// `<= fence` (or absent). `Ok(false)` means a newer holder has written: the caller is stale
-/// and must stop. See the module docs for the SQL form of the same rule.
+/// and must stop. README.md ("Fencing") has the SQL form of the same rule.
 pub async fn fenced_set(
     conn: &MultiplexedConnection,
     key: &str,

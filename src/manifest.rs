@@ -71,6 +71,19 @@ pub struct LockSpec {
     /// How logs name what the lock guards, e.g. "Marquee {args.0}" (default: the key).
     #[serde(default)]
     pub label: Option<String>,
+    /// Where fences come from: "redis" (default) or "database" (needs a database URL).
+    #[serde(default)]
+    pub fence: Option<String>,
+}
+
+impl LockSpec {
+    /// The validated `fence` setting.
+    pub fn fence_source(&self) -> crate::fence_store::FenceSource {
+        self.fence
+            .as_deref()
+            .and_then(|f| crate::fence_store::FenceSource::parse(f).ok())
+            .unwrap_or_default()
+    }
 }
 
 fn default_ttl() -> f64 {
@@ -287,6 +300,9 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
                 "lock.when_locked = {:?} is not supported (only \"skip\")",
                 l.when_locked
             ));
+        }
+        if let Some(f) = &l.fence {
+            crate::fence_store::FenceSource::parse(f)?;
         }
         check_template(&l.key)?;
         if let Some(label) = &l.label {

@@ -88,6 +88,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                 shutdown: rt.shutdown.clone(),
                 redis: rt.conn.clone(),
                 metrics: rt.metrics.clone(),
+                db: rt.db.clone(),
                 slot: Some(slot.clone()),
             };
             // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard

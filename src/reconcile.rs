@@ -10,11 +10,16 @@
 //! released with compare-and-delete, so a newer owner's lock survives. At shutdown the cycle
 //! stops at the next boundary (or its phase is killed at the deadline), releases, and the
 //! processor pushes the original payload back to the head of the queue.
+//!
+//! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
+//! store's business (`fence_store.rs`): the cycle only asks it to hold, renew and finish.
 
 use crate::command::{self, Exit, Stop};
 use crate::command_job::{exit_failure, job_env, run_for, LockEnv, TIMEOUT_ERROR};
+use crate::fence_store::{self, FenceSource, Held};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
-use crate::lock::{self, Lease};
+use crate::ledger::End;
+use crate::lock;
 use crate::manifest::{render_key, render_template, JobSpec};
 use crate::retry::Failure;
 use std::sync::Arc;
@@ -177,6 +182,8 @@ pub struct LockConfig {
     pub ttl: Duration,
     /// How logs name the guarded thing ("Marquee {args.0}"); default: the key.
     pub label: Option<String>,
+    /// Where fences come from (`fence = "redis"`, the default, or `"database"`).
+    pub fence: FenceSource,
 }
 
 /// A cycle: a lock and its phases, each with an optional timeout.
@@ -193,9 +200,17 @@ impl Cycle {
                 key: key.into(),
                 ttl,
                 label: None,
+                fence: FenceSource::Redis,
             },
             phases: Vec::new(),
         }
+    }
+
+    /// Take fences from PostgreSQL (`playguard_fences`) instead of Redis; the worker then
+    /// needs a database URL.
+    pub fn fence(mut self, source: FenceSource) -> Cycle {
+        self.lock.fence = source;
+        self
     }
 
     /// Name the guarded thing in logs, e.g. "Marquee {args.0}".
@@ -232,6 +247,7 @@ pub fn from_manifest(j: &JobSpec) -> Arc<dyn Handler> {
         key: l.key.clone(),
         ttl: Duration::from_secs_f64(l.ttl_secs),
         label: l.label.clone(),
+        fence: l.fence_source(),
     };
     Arc::new(Cycle {
         lock,
@@ -250,16 +266,27 @@ pub fn from_manifest(j: &JobSpec) -> Arc<dyn Handler> {
     })
 }
 
-/// Releases the lease however the cycle ends, even if the cycle's future is dropped.
+/// Records the outcome and releases the lease however the cycle ends, even if the cycle's
+/// future is dropped (then only the release happens; the ledger row stays `running` and the
+/// next acquisition marks it `uncertain`).
 struct ReleaseGuard {
-    lease: Option<Lease>,
+    lease: Option<Held>,
 }
 
 impl ReleaseGuard {
+    /// Write the outcome to the ledger (while the lock is still ours), then release.
+    async fn end(&mut self, end: End, phase: Option<&str>, error: Option<&str>, why: &str) {
+        if let Some(held) = self.lease.as_ref() {
+            held.finish(end, phase, error).await;
+        }
+        self.release(why).await;
+    }
+
     async fn release(&mut self, why: &str) {
-        if let Some(lease) = self.lease.take() {
+        if let Some(held) = self.lease.take() {
+            let lease = &held.lease;
             match lease.release().await {
-                Ok(true) => tracing::info!(lock_key = lease.key(), fence = lease.fence(), "lock released ({why})"),
+                Ok(true) => tracing::info!(lock_key = lease.key(), fence = held.fence(), "lock released ({why})"),
                 Ok(false) => tracing::info!(lock_key = lease.key(),
                     "lock was no longer ours at release ({why}); the newer owner's lock is untouched"),
                 Err(e) => tracing::warn!(lock_key = lease.key(), error = %e,
@@ -271,11 +298,11 @@ impl ReleaseGuard {
 
 impl Drop for ReleaseGuard {
     fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
+        if let Some(held) = self.lease.take() {
             // Cancelled or panicked mid-cycle: release in the background.
             if let Ok(h) = tokio::runtime::Handle::try_current() {
                 h.spawn(async move {
-                    let _ = lease.release().await;
+                    let _ = held.lease.release().await;
                 });
             }
         }
@@ -285,6 +312,10 @@ impl Drop for ReleaseGuard {
 impl Handler for Cycle {
     fn stops_itself(&self) -> bool {
         true
+    }
+
+    fn needs_database(&self) -> bool {
+        self.lock.fence == FenceSource::Database
     }
 
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
@@ -331,29 +362,58 @@ async fn run_cycle(
             ));
         }
     };
-    let fence = lease.fence();
+    // The fence (Redis or PostgreSQL) and the ledger row; fail closed: without them, no phase.
+    let held = match fence_store::hold(lease, lock.fence, ctx.db.as_ref(), &ctx.jid).await {
+        Ok(h) => h,
+        Err((lease, e)) => {
+            if let Err(re) = lease.release().await {
+                tracing::warn!(lock_key = %key, error = %re,
+                    "could not release the lock; it expires by its ttl");
+            }
+            let db = ctx.db.as_ref().map(|d| d.shown_url()).unwrap_or("-");
+            tracing::warn!(lock_key = %key, error = %e, database = %db,
+                "{label}: could not record the acquisition in PostgreSQL; lock released, the job is retried");
+            return Outcome::Failed(Failure::new(
+                LOCK_ERROR,
+                format!("cannot record lock {key} in PostgreSQL: {e}"),
+            ));
+        }
+    };
+    let fence = held.fence();
     ctx.metrics.lock_event(&ctx.class, "acquired");
-    tracing::info!(lock_key = %key, fence, ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
-    let mut guard = ReleaseGuard { lease: Some(lease) };
+    tracing::info!(lock_key = %key, fence, cycle_id = ?held.cycle_id(), ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
+    let mut guard = ReleaseGuard { lease: Some(held) };
     let half_ttl = lock.ttl / 2;
+    // The phase the cycle is in, or last finished: the ledger's `phase`.
+    let mut last: Option<String> = None;
     for (i, (phase, timeout)) in phases.iter().enumerate() {
         let name = phase.name().to_string();
         if ctx.shutdown.is_stopping() {
             tracing::info!(next_phase = %name, "shutdown: stopping at the phase boundary");
-            guard.release("shutdown").await;
+            guard
+                .end(End::Interrupted, last.as_deref(), None, "shutdown")
+                .await;
             return Outcome::Requeue;
         }
-        let lease = guard.lease.as_ref().expect("held between phases");
+        let lease = &guard.lease.as_ref().expect("held between phases").lease;
         let lease_deadline = lease.deadline();
         if lease.remaining().is_zero() {
             // A slow renewal ate the whole lease: starting a phase now would be unguarded.
             ctx.metrics.lock_event(&ctx.class, "lost");
             tracing::warn!(next_phase = %name, lock_key = %key,
                 "aborted: lock lost (no lease time left to start the phase)");
-            guard.release("lock lost").await;
+            guard
+                .end(
+                    End::LockLost,
+                    last.as_deref(),
+                    Some("no lease time left to start the next phase"),
+                    "lock lost",
+                )
+                .await;
             ctx.set_phase(None);
             return Outcome::Done;
         }
+        last = Some(name.clone());
         let started = Instant::now();
         let stop_at = match timeout {
             Some(t) => lease_deadline.min(started + *t),
@@ -385,43 +445,60 @@ async fn run_cycle(
         match end {
             PhaseEnd::Ok => {}
             PhaseEnd::Failed(f) => {
-                guard.release("phase failed").await;
+                guard
+                    .end(End::Failed, Some(&name), Some(&f.message), "phase failed")
+                    .await;
                 ctx.set_phase(None);
                 return Outcome::Failed(f);
             }
             PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
-                guard.release("phase timeout").await;
+                let message = format!("phase {name} timed out after {:.1}s", took.as_secs_f64());
+                guard
+                    .end(End::Failed, Some(&name), Some(&message), "phase timeout")
+                    .await;
                 ctx.set_phase(None);
-                return Outcome::Failed(Failure::new(
-                    TIMEOUT_ERROR,
-                    format!("phase {name} timed out after {:.1}s", took.as_secs_f64()),
-                ));
+                return Outcome::Failed(Failure::new(TIMEOUT_ERROR, message));
             }
             PhaseEnd::Stopped(StopCause::Shutdown) => {
-                guard.release("shutdown").await;
+                guard
+                    .end(End::Interrupted, Some(&name), None, "shutdown")
+                    .await;
                 return Outcome::Requeue;
             }
             PhaseEnd::Stopped(StopCause::LeaseDeadline) => {
                 ctx.metrics.lock_event(&ctx.class, "lost");
                 tracing::warn!(phase = %name, lock_key = %key,
                     "aborted: lock lost (the phase outlived its lease and was killed)");
-                guard.release("lock lost").await;
+                guard
+                    .end(
+                        End::LockLost,
+                        Some(&name),
+                        Some("the phase outlived its lease and was killed"),
+                        "lock lost",
+                    )
+                    .await;
                 return Outcome::Done;
             }
         }
-        // Renew after the phase, not before: this proves we held the lock through it.
-        let lease = guard.lease.as_mut().expect("held between phases");
-        if let Err(lost) = lease.renew().await {
+        // Renew after the phase, not before: this proves we held the lock through it (and,
+        // with database fences, that playguard_fences still holds our fence).
+        let held = guard.lease.as_mut().expect("held between phases");
+        if let Err(lost) = held.renew().await {
             ctx.metrics.lock_event(&ctx.class, "lost");
             tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
                 "aborted: lock lost; no further phase starts");
-            guard.release("lock lost").await;
+            let reason = lost.to_string();
+            guard
+                .end(End::LockLost, Some(&name), Some(&reason), "lock lost")
+                .await;
             ctx.set_phase(None);
             return Outcome::Done;
         }
     }
     ctx.set_phase(None);
-    guard.release("cycle complete").await;
+    guard
+        .end(End::Complete, last.as_deref(), None, "cycle complete")
+        .await;
     Outcome::Done
 }
 

@@ -69,6 +69,14 @@ mod tests {
             "rediss://app:***@h/1#insecure"
         );
         assert_eq!(url("redis://app@h"), "redis://app@h");
+        assert_eq!(
+            url("postgres://app:s3cr@t@db:5432/app?sslmode=prefer"),
+            "postgres://app:***@db:5432/app?sslmode=prefer"
+        );
+        assert_eq!(
+            url("host=db user=app password=hunter2 dbname=app"),
+            "host=db user=app password=*** dbname=app"
+        );
         assert_eq!(url("redis://127.0.0.1:6379/0"), "redis://127.0.0.1:6379/0");
         assert_eq!(
             url("redis+sentinel://:pw@s1:26379,s2:26379/mymaster"),

@@ -36,6 +36,8 @@ pub struct Runtime {
     /// Sidekiq 7/8 Metrics-tab counters, flushed by the heartbeat.
     pub job_metrics: crate::job_metrics::JobMetrics,
     pub acker: crate::acker::Acker,
+    /// `DATABASE_URL`: fences for `fence = "database"` locks and the cycle ledger.
+    pub db: Option<crate::db::Db>,
 }
 
 static REQUEUE: std::sync::LazyLock<redis::Script> =

@@ -9,8 +9,10 @@ use support::*;
 #[test]
 fn check_accepts_the_shipped_manifests() {
     let redis = RedisServer::start();
+    // The shipped cycle takes its fences from PostgreSQL (fence = "database").
+    let pg = PostgresServer::start();
     let out = Command::new(bin())
-        .args(["check", "-r", &redis.url()])
+        .args(["check", "-r", &redis.url(), "--database-url", &pg.url()])
         .current_dir(project_dir())
         .output()
         .unwrap();
@@ -123,8 +125,11 @@ fn configuration_errors_are_one_clear_line() {
     assert_eq!(bad_q.status.code(), Some(2));
     let err = String::from_utf8_lossy(&bad_q.stderr);
     assert!(err.contains("weight must be a whole number"), "{err}");
+    // (Not in the repository root: its shipped cycle needs a database URL, checked first.)
+    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\n")]);
     let unreachable = Command::new(bin())
         .args(["run", "-r", "redis://127.0.0.1:1/0"])
+        .current_dir(p.path())
         .output()
         .unwrap();
     assert_ne!(unreachable.status.code(), Some(0));
@@ -135,11 +140,15 @@ fn configuration_errors_are_one_clear_line() {
 #[test]
 fn the_shipped_reconcile_cycle_runs_all_six_phases() {
     let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    pg.psql(&std::fs::read_to_string(project_dir().join("examples/demo.sql")).unwrap());
+    pg.psql("INSERT INTO marquees (id) VALUES (42)");
     let demo = tempfile::tempdir().unwrap();
     let w = Command::new(bin())
         .args(["run", "-r", &redis.url(), "-q", "playguard"])
         .current_dir(project_dir())
         .env("PLAYGUARD_DEMO_DIR", demo.path())
+        .env("DATABASE_URL", pg.url())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -182,6 +191,19 @@ fn the_shipped_reconcile_cycle_runs_all_six_phases() {
     }
     assert!(log.contains("cycle of Marquee 42 complete"), "{log}");
     assert!(!log.contains("result=Failed"), "{log}");
+    // The observed state was saved with the cycle's database fence, and the ledger says so.
+    let fence =
+        pg.psql("SELECT fence FROM playguard_fences WHERE lock_key = 'playguard:marquee:42'");
+    assert_eq!(
+        pg.psql("SELECT observed_playgrounds LIKE '%main%', fence FROM marquees WHERE id = 42"),
+        format!("t|{fence}")
+    );
+    assert_eq!(
+        pg.psql(
+            "SELECT outcome, phase FROM playguard_cycles WHERE lock_key = 'playguard:marquee:42'"
+        ),
+        "complete|sweep_orphans"
+    );
     assert!(
         demo.path().join("marquee-42/repo/.git").exists(),
         "git work was done"
@@ -246,8 +268,10 @@ fn a_user_denied_info_still_runs() {
         .query(&mut c)
         .unwrap();
     let url = format!("redis://app:pw@127.0.0.1:{}/0", redis.port);
+    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
     let out = Command::new(bin())
         .args(["check", "-r", &url])
+        .current_dir(p.path())
         .output()
         .unwrap();
     assert!(
@@ -258,7 +282,6 @@ fn a_user_denied_info_still_runs() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Redis unknown"));
     // And the worker runs jobs and stops cleanly (CLIENT UNBLOCK is denied too: the blocked
     // pops then end by their own 2 s timeout).
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
     let mut w = Command::new(bin())
         .args(["run", "-r", &url])
         .current_dir(p.path())

@@ -134,12 +134,14 @@ fn tls_acl_and_database_number() {
     // Without the CA the server's certificate is refused (no silent downgrade) ...
     let no_ca = Command::new(bin())
         .args(["check", "-r", &url])
+        .current_dir(p.path())
         .output()
         .unwrap();
     assert!(!no_ca.status.success());
     // ... unless verification is switched off explicitly.
     let insecure = Command::new(bin())
         .args(["check", "-r", &format!("{url}#insecure")])
+        .current_dir(p.path())
         .output()
         .unwrap();
     assert!(
@@ -154,6 +156,7 @@ fn tls_acl_and_database_number() {
             "-r",
             &format!("rediss://worker:nope@127.0.0.1:{}/2#insecure", r.port),
         ])
+        .current_dir(p.path())
         .output()
         .unwrap();
     assert!(!bad.status.success());

@@ -1,6 +1,7 @@
-//! Test support: every test owns its redis-server (free loopback port, no persistence),
-//! stopped by PID on drop, plus helpers to run the real binary and the real Ruby Sidekiq.
-//! Touches only the Redis it started.
+//! Test support: every test owns its redis-server (free loopback port, no persistence) and,
+//! when it needs one, its PostgreSQL cluster (initdb in a temp dir), each stopped by PID on
+//! drop, plus helpers to run the real binary and the real Ruby Sidekiq. Touches only the
+//! servers it started.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
@@ -176,13 +177,19 @@ impl Worker {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Worker {
-        let mut child = Command::new(bin())
-            .arg(sub)
+        let mut cmd = Command::new(bin());
+        cmd.arg(sub)
             .args(["-r", url])
             .args(args)
             .current_dir(dir)
             .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
+            .envs(env.iter().copied());
+        Worker::spawn_collecting(cmd)
+    }
+
+    /// Spawn `cmd` with its stdout and stderr lines collected.
+    fn spawn_collecting(mut cmd: Command) -> Worker {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -414,4 +421,251 @@ pub fn foreman_available() -> bool {
         eprintln!("skipping: foreman is not installed (apt-get install ruby-foreman)");
     }
     ok
+}
+
+/// A PostgreSQL cluster this test created (initdb in a temp dir, run as an unprivileged user
+/// when the test runs as root), listening on 127.0.0.1 on a free port with its unix socket in
+/// the temp dir, stopped by PID on drop. Never a server the test did not start.
+pub struct PostgresServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    bindir: PathBuf,
+    child: Option<Child>,
+}
+
+/// Where initdb and postgres live: on PATH, else `pg_config --bindir`, else the newest
+/// `/usr/lib/postgresql/*/bin` (Debian's `postgresql` package puts them there).
+fn pg_bindir() -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(d) = std::env::split_paths(&path).find(|d| d.join("initdb").is_file()) {
+        return d;
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let d = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if d.join("initdb").is_file() {
+            return d;
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+                .filter(|d| d.join("initdb").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort_by_key(|d| {
+        d.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    found
+        .pop()
+        .expect("PostgreSQL server binaries (initdb, postgres) must be installed (apt-get install postgresql)")
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// `bin args...`, as `nobody` when we are root (PostgreSQL refuses to run as root). setpriv
+/// execs in place, so the child's PID is the program's own.
+fn pg_command(bin: &Path, args: &[&str]) -> Command {
+    if running_as_root() {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(bin)
+            .args(args);
+        c
+    } else {
+        let mut c = Command::new(bin);
+        c.args(args);
+        c
+    }
+}
+
+impl PostgresServer {
+    pub fn start() -> PostgresServer {
+        let bindir = pg_bindir();
+        let dir = tempfile::tempdir().unwrap();
+        if running_as_root() {
+            let st = Command::new("chown")
+                .args(["nobody:nogroup"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(st.success(), "chown the PostgreSQL temp dir");
+        }
+        let data = dir.path().join("data");
+        let out = pg_command(
+            &bindir.join("initdb"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+        )
+        .env("LC_ALL", "C")
+        .output()
+        .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut s = PostgresServer {
+            port: free_port(),
+            dir,
+            bindir,
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let data = self.dir.path().join("data");
+        let child = pg_command(
+            &self.bindir.join("postgres"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                &format!("unix_socket_directories={}", self.dir.path().display()),
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ],
+        )
+        .env("LC_ALL", "C")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start postgres");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.try_psql("SELECT 1").is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres on {} did not start",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        )
+    }
+
+    /// Run SQL through psql; stdout (unaligned, tuples only) or the error text.
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        let out = Command::new("psql")
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
+            .arg(self.url())
+            .args(["-c", sql])
+            .output()
+            .map_err(|e| format!("psql: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|e| panic!("psql {sql:?} failed: {e}"))
+    }
+
+    /// Fast shutdown (SIGINT to the postmaster, by PID): clients are disconnected.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            signal(c.id() as i32, "INT");
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.wait();
+        }
+    }
+
+    /// Start again on the same port with the same data.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl RedisServer {
+    /// `SHUTDOWN NOSAVE` (as an operator would), then start again on the same port: empty.
+    pub fn shutdown_nosave_and_restart(&mut self) {
+        let _ = redis::cmd("SHUTDOWN")
+            .arg("NOSAVE")
+            .query::<()>(&mut self.conn());
+        if let Some(mut c) = self.child.take() {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while c.try_wait().unwrap().is_none() {
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.wait();
+        }
+        self.spawn();
+    }
+}
+
+impl Worker {
+    /// `playguard run` with extra environment variables (say DATABASE_URL).
+    pub fn start_with_env(
+        redis: &RedisServer,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Worker {
+        let mut cmd = Command::new(bin());
+        cmd.arg("run")
+            .args(["-r", &redis.url()])
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Worker::spawn_collecting(cmd)
+    }
 }
