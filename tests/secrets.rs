@@ -54,6 +54,24 @@ fn help_check_and_enqueue_never_print_the_password() {
             &project_dir().join("jobs").display().to_string(),
         ])
         .env("REDIS_URL", &unreachable)
+        .env(
+            "DATABASE_URL",
+            format!("postgres://u:{SECRET}@127.0.0.1:{}/app", free_port()),
+        )
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert!(
+        !out.status.success() && t.contains("cannot reach PostgreSQL at postgres://u:***@"),
+        "{t}"
+    );
+    assert!(!t.contains(SECRET), "{t}");
+    let plain = Project::with_jobs(&[("PlainJob", "plain", "#!/bin/sh\ntrue\n")]);
+    let out = Command::new(bin())
+        .arg("check")
+        .current_dir(plain.path())
+        .env("REDIS_URL", &unreachable)
+        .env_remove("DATABASE_URL")
         .output()
         .unwrap();
     let t = text(&out);
@@ -72,8 +90,9 @@ fn help_check_and_enqueue_never_print_the_password() {
     let redis = RedisServer::start();
     let url = passworded(&redis);
     let out = Command::new(bin())
-        .args(["check", "-r", &url, "-j"])
-        .arg(project_dir().join("jobs"))
+        .args(["check", "-r", &url])
+        .current_dir(plain.path())
+        .env_remove("DATABASE_URL")
         .output()
         .unwrap();
     let t = text(&out);
@@ -142,7 +161,7 @@ run = ["jobs/bin/show-env"]
         "run",
         &[],
         &[
-            ("DATABASE_URL", "postgres://u:pw@db/app"),
+            ("APP_API_TOKEN", "not-for-narrow-jobs"),
             ("HOME", "/home/x"),
         ],
     );
@@ -172,7 +191,7 @@ run = ["jobs/bin/show-env"]
         "{narrow}"
     );
     assert!(
-        wide.contains("DATABASE_URL=postgres://") && wide.contains("RUST_LOG="),
+        wide.contains("APP_API_TOKEN=not-for-narrow-jobs") && wide.contains("RUST_LOG="),
         "{wide}"
     );
 }
