@@ -29,6 +29,12 @@ pub struct JobContext {
     pub redis: crate::redis_conn::Conn,
     /// Counters for lock events and phase durations (served on --metrics-addr).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The process's liveness lease as of this job's fetch: once it lapses the job may be
+    /// recovered elsewhere, so it must stop (commands are killed) and go back to its queue.
+    pub liveness: crate::liveness::JobLease,
+    /// `playguard:locks:<identity>`, where the locks this job takes are recorded so the sweep
+    /// can release them if this process dies; None when no sweep would (basic fetch).
+    pub locks_record: Option<String>,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 

@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod handler;
 pub mod heartbeat;
 pub mod launcher;
+pub mod liveness;
 pub mod lock;
 pub mod logging;
 pub mod manifest;
