@@ -42,7 +42,7 @@ pub enum Exit {
     SpawnFailed(String),
 }
 
-/// `sh -c SHEPHERD sh <budget> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
+/// `sh -c SHEPHERD playguard-shepherd:<worker pid> <budget> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
 /// stdin, exits with its status, kills the whole group when the worker dies (SIGUSR2), and on
 /// TERM/INT waits for the command to finish its own shutdown.
 /// (A non-interactive sh gives a background command /dev/null as stdin, so the real stdin
@@ -81,6 +81,11 @@ pid=$!
 exec 3<&-
 wait "$pid"
 exit $?"#;
+
+/// The shepherd's `$0` (in its argv, so in /proc/<pid>/cmdline) for worker pid `worker`.
+pub fn shepherd_name(worker: u32) -> String {
+    format!("playguard-shepherd:{worker}")
+}
 
 /// The fds the shepherd's watchdog reads keepalives from (4) and ticks into (5).
 const KEEPALIVE_READ_FD: i32 = 4;
@@ -181,7 +186,8 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(SHEPHERD)
-        .arg("sh")
+        // $0 names the worker, so a sweep can tell our shepherds are all gone (sweeper.rs).
+        .arg(shepherd_name(std::process::id()))
         .arg(budget.map(|b| b.to_string()).unwrap_or_default())
         .arg(prog)
         .args(args)

@@ -48,7 +48,22 @@ fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
     matches!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    ) && !shepherds_left(pid as u32)
+}
+
+/// Whether a command shepherd of worker `pid` is still alive. A dead worker's shepherds kill
+/// their groups on PDEATHSIG, but that takes them a moment: until the last is gone, a command
+/// may still run, so the pid alone does not let us recover its job (or free its locks) yet.
+fn shepherds_left(pid: u32) -> bool {
+    let needle = crate::command::shepherd_name(pid);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == needle.as_bytes()))
+            .unwrap_or(false)
+    })
 }
 
 /// The hash of the token locks a process holds: field = lock key, value = the holder record
