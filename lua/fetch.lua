@@ -2,10 +2,16 @@
 -- process's working lists, all in one atomic step (no moment where a job is only in memory).
 -- KEYS[1..n]    = queue:<q> in fetch order
 -- KEYS[n+1..2n] = playguard:working:<identity>:<q>, same order
+-- KEYS[2n+1]    = playguard:alive:<identity>: nothing is fetched while it is missing (our
+--                 liveness lapsed, we may have been swept: wait until a heartbeat registers
+--                 us again, so no job lands in a working list no sweep would look at)
 -- Returns a flat array {index, job, index, job, ...} (index = 1-based position in KEYS[1..n]).
-local n = #KEYS / 2
+local n = (#KEYS - 1) / 2
 local want = tonumber(ARGV[1])
 local out = {}
+if redis.call('EXISTS', KEYS[2 * n + 1]) == 0 then
+  return out
+end
 for i = 1, n do
   if want <= 0 then break end
   -- RPOP with a count takes the oldest jobs first (the client LPUSHes on the left).

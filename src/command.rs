@@ -1,11 +1,14 @@
 //! Runs one manifest command: argv (never a shell), the PLAYGUARD_* environment, the payload on
 //! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
 //! Every stdout/stderr line is logged in the caller's span (jid, class, phase): read as bytes
-//! (not UTF-8 is shown lossily), cut at MAX_LINE. Touches no Redis keys.
+//! (not UTF-8 is shown lossily), cut at MAX_LINE. With a liveness lease, the shepherd also
+//! kills the group when the worker's keepalives stop (a frozen worker cannot). Touches no
+//! Redis keys.
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::future::Future;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,6 +34,8 @@ pub struct Spec<'a> {
     /// process has), Some = only these names. `env` is set on top either way.
     pub inherit: Option<&'a [String]>,
     pub stdin: String,
+    /// The process's liveness lease: the shepherd gets a keepalive countdown from it.
+    pub keepalive: Option<crate::liveness::Liveness>,
 }
 
 #[derive(Debug)]
@@ -52,19 +57,91 @@ pub enum Exit {
     BadInput(String),
 }
 
-/// `sh -c SHEPHERD <prog> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
+/// `sh -c SHEPHERD playguard-shepherd:<worker pid> <budget> <prog> <args>...`: runs "$@" (prog and args, unparsed) with our
 /// stdin, exits with its status, kills the whole group when the worker dies (SIGUSR2), and on
 /// TERM/INT waits for the command to finish its own shutdown.
 /// (A non-interactive sh gives a background command /dev/null as stdin, so the real stdin
 /// travels through fd 3.)
+///
+/// With a `<budget>` (whole seconds), a watchdog subshell counts down one per `sleep 1` tick
+/// and SIGKILLs the whole group at zero; every keepalive line the worker writes on fd 4 (a
+/// pipe whose write end the ticker shares as fd 5) resets the countdown to the number it
+/// carries. A frozen worker writes nothing, so its commands die before its alive key can
+/// expire, without the worker being scheduled. The watchdog ignores TERM/INT so it keeps
+/// guarding through a graceful stop; POSIX sh only (dash has no `read -t`, hence the ticker).
 const SHEPHERD: &str = r#"trap 'kill -KILL 0' USR2
 trap 'wait "$pid"; exit $?' TERM INT
+budget=$1
+shift
+if [ -n "$budget" ]; then
+  (
+    trap '' TERM INT
+    exec </dev/null >/dev/null 2>&1
+    while sleep 1; do echo t; done >&5 &
+    exec 5>&-
+    left=$budget
+    while read -r m; do
+      case $m in
+        t) left=$((left - 1)); [ "$left" -gt 0 ] || kill -KILL 0 ;;
+        ''|*[!0-9]*) ;;
+        *) left=$m ;;
+      esac
+    done <&4
+  ) &
+  exec 4<&- 5>&-
+fi
 exec 3<&0
 "$@" <&3 3<&- &
 pid=$!
 exec 3<&-
 wait "$pid"
 exit $?"#;
+
+/// The shepherd's `$0` (in its argv, so in /proc/<pid>/cmdline) for worker pid `worker`.
+pub fn shepherd_name(worker: u32) -> String {
+    format!("playguard-shepherd:{worker}")
+}
+
+/// The fds the shepherd's watchdog reads keepalives from (4) and ticks into (5).
+const KEEPALIVE_READ_FD: i32 = 4;
+const KEEPALIVE_TICK_FD: i32 = 5;
+
+/// Aborts the keepalive writer when the command is done (its pipe end closes with it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A close-on-exec pipe: (read end, write end).
+fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as nix::libc::c_int; 2];
+    // SAFETY: pipe2 fills both fds on success; we own them from here on.
+    if unsafe { nix::libc::pipe2(fds.as_mut_ptr(), nix::libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// In the child between fork and exec: put `r` on fd 4 and `w` on fd 5 (without close-on-exec).
+/// Async-signal-safe calls only.
+fn place_keepalive_fds(r: RawFd, w: RawFd) -> std::io::Result<()> {
+    use nix::libc::{close, dup2, fcntl, F_DUPFD};
+    // SAFETY: plain fd syscalls on fds we own in this (forked) process.
+    unsafe {
+        // Out of the way first, so placing one cannot clobber the other.
+        let r2 = fcntl(r, F_DUPFD, 10);
+        let w2 = fcntl(w, F_DUPFD, 10);
+        if r2 < 0 || w2 < 0 || dup2(r2, KEEPALIVE_READ_FD) < 0 || dup2(w2, KEEPALIVE_TICK_FD) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        close(r2);
+        close(w2);
+    }
+    Ok(())
+}
 
 /// SIGKILLs a process group when dropped.
 struct GroupGuard(Option<Pid>);
@@ -112,8 +189,23 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     // recovered job would run beside its orphan, or a phase (and its ssh) run on unleased.
     // On TERM (our shutdown) the shepherd waits for the command's own exit, so a command that
     // handles TERM gracefully still can. argv is passed as "$@": still no shell parsing.
+    // The keepalive pipe, when the worker holds a liveness lease (see SHEPHERD).
+    let budget = spec.keepalive.as_ref().and_then(|l| l.shepherd_budget());
+    let pipe = match budget {
+        Some(_) => match cloexec_pipe() {
+            Ok(p) => Some(p),
+            Err(e) => return Exit::SpawnFailed(format!("cannot create the keepalive pipe: {e}")),
+        },
+        None => None,
+    };
     let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c").arg(SHEPHERD).arg(prog).arg(prog).args(args);
+    cmd.arg("-c")
+        .arg(SHEPHERD)
+        // $0 names the worker, so a sweep can tell our shepherds are all gone (sweeper.rs).
+        .arg(shepherd_name(std::process::id()))
+        .arg(budget.map(|b| b.to_string()).unwrap_or_default())
+        .arg(prog)
+        .args(args);
     if let Some(names) = spec.inherit {
         cmd.env_clear();
         for name in names {
@@ -132,7 +224,9 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     // signal fires when the worker process goes. The getppid check closes the race where the
     // worker died between fork and prctl.
     let parent = std::process::id() as nix::libc::pid_t;
-    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit) run between fork and exec.
+    let child_fds = pipe.as_ref().map(|(r, w)| (r.as_raw_fd(), w.as_raw_fd()));
+    // SAFETY: only async-signal-safe calls (prctl, getppid, _exit, fcntl, dup2, close) run
+    // between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             if nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGUSR2, 0, 0, 0) != 0 {
@@ -140,6 +234,9 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             }
             if nix::libc::getppid() != parent {
                 nix::libc::_exit(1);
+            }
+            if let Some((r, w)) = child_fds {
+                place_keepalive_fds(r, w)?;
             }
             Ok(())
         });
@@ -160,6 +257,35 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             ));
         }
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}")),
+    };
+    // Keepalives: after each heartbeat that refreshed our alive key, tell the shepherd how long
+    // it may go on. Nothing is written while the lease is lapsed, so the countdown runs out.
+    let _keepalive = match (pipe, spec.keepalive.clone()) {
+        (Some((read_end, write_end)), Some(lv)) => {
+            drop(read_end);
+            // Never block the runtime on a full pipe (the shepherd reads every line at once).
+            // SAFETY: fcntl on a pipe fd we own.
+            unsafe {
+                let fl = nix::libc::fcntl(write_end.as_raw_fd(), nix::libc::F_GETFL);
+                nix::libc::fcntl(
+                    write_end.as_raw_fd(),
+                    nix::libc::F_SETFL,
+                    fl | nix::libc::O_NONBLOCK,
+                );
+            }
+            Some(AbortOnDrop(tokio::spawn(async move {
+                loop {
+                    lv.changed().await;
+                    if !lv.is_live() {
+                        continue;
+                    }
+                    if let Some(n) = lv.shepherd_budget() {
+                        let _ = nix::unistd::write(&write_end, format!("{n}\n").as_bytes());
+                    }
+                }
+            })))
+        }
+        _ => None,
     };
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     // If this future is dropped mid-run (a job abandoned at the deadline), the whole group

@@ -78,6 +78,7 @@ pub async fn run_for(
         env,
         inherit,
         stdin: ctx.payload.to_string(),
+        keepalive: Some(ctx.liveness.liveness.clone()),
     };
     command::run(spec, stop).await
 }
@@ -101,6 +102,7 @@ impl Handler for CommandJob {
         Box::pin(async move {
             let env = job_env(&ctx, None, None);
             let shutdown = ctx.shutdown.clone();
+            let lease = ctx.liveness.clone();
             let stop = async move {
                 let limit = async {
                     match timeout {
@@ -109,12 +111,19 @@ impl Handler for CommandJob {
                     }
                 };
                 tokio::select! {
+                    // Recovery elsewhere may start once the alive key lapses: no grace.
+                    _ = lease.lapse() => command::Stop::kill("liveness lease lapsed"),
                     _ = shutdown.hard_deadline() => command::Stop::term("shutdown deadline reached"),
                     _ = limit => command::Stop::term(format!(
                         "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
             };
             let exit = run_for(&ctx, &argv, inherit.as_deref(), env, stop).await;
+            // Stopped by us or by its shepherd because our lease lapsed: back to the queue
+            // (unless the sweep already took it), never a retry beside the recovered copy.
+            if !matches!(exit, Exit::Success) && ctx.liveness.lapsed() {
+                return Outcome::Requeue;
+            }
             if matches!(exit, Exit::Killed { .. }) && ctx.shutdown.past_deadline() {
                 return Outcome::Requeue;
             }

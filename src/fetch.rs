@@ -154,6 +154,7 @@ fn spawn_blocker(
                 }
             }
             let c = conn.as_mut().expect("connected above");
+            let epoch = rt.liveness.epoch();
             let res: redis::RedisResult<Option<Fetched>> = match &what {
                 BlockCmd::Brpop => {
                     let keys: Vec<String> = rt
@@ -172,6 +173,7 @@ fn spawn_blocker(
                             r.map(|(k, raw)| Fetched {
                                 queue: k.strip_prefix("queue:").unwrap_or(&k).to_string(),
                                 raw,
+                                epoch,
                             })
                         })
                 }
@@ -183,7 +185,7 @@ fn spawn_blocker(
                     .arg(BLOCK_TIMEOUT_SECS)
                     .query_async::<Option<Vec<u8>>>(c)
                     .await
-                    .map(|r| r.map(|raw| Fetched { queue: q.clone(), raw })),
+                    .map(|r| r.map(|raw| Fetched { queue: q.clone(), raw, epoch })),
             };
             match res {
                 Ok(d) => {
@@ -227,8 +229,10 @@ async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>>
     for q in &order {
         inv.key(rt.working_key(q));
     }
+    inv.key(crate::heartbeat::alive_key(&rt.identity));
     inv.arg(n.min(MAX_BATCH));
     let mut conn = rt.conn.clone();
+    let epoch = rt.liveness.epoch();
     let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
     let mut out = Vec::with_capacity(flat.len() / 2);
     for pair in flat.chunks(2) {
@@ -238,6 +242,7 @@ async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>>
             out.push(Fetched {
                 queue: order[i - 1].clone(),
                 raw,
+                epoch,
             });
         }
     }
@@ -320,6 +325,14 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
         if !pending.is_empty() {
             idle = false;
             continue;
+        }
+        // A process whose liveness lease lapsed takes no work until a heartbeat lands again.
+        if !rt.liveness.is_live() {
+            tracing::warn!("liveness lease lapsed: not fetching until a heartbeat lands");
+            tokio::select! {
+                _ = rt.liveness.live() => continue,
+                _ = rt.shutdown.quieted() => break,
+            }
         }
         if rt.reliable() {
             match fetch_batch(&rt, free).await {

@@ -31,6 +31,12 @@ pub struct JobContext {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The application's PostgreSQL when `DATABASE_URL` / `--database-url` is set.
     pub db: Option<crate::db::Db>,
+    /// The process's liveness lease as of this job's fetch: once it lapses the job may be
+    /// recovered elsewhere, so it must stop (commands are killed) and go back to its queue.
+    pub liveness: crate::liveness::JobLease,
+    /// `playguard:locks:<identity>`, where the locks this job takes are recorded so the sweep
+    /// can release them if this process dies; None when no sweep would (basic fetch).
+    pub locks_record: Option<String>,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 

@@ -231,7 +231,8 @@ fn add_stat_deltas(pipe: &mut redis::Pipeline, processed: u64, failed: u64) {
 }
 
 /// Clean stop: leave `processes` and drop the work hashes at once (the identity hash expires by
-/// itself, as in Sidekiq), flush the last counters.
+/// itself, as in Sidekiq), our lock record (every cycle has released by now), flush the last
+/// counters.
 pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
     let id = &rt.identity;
     let (processed, failed) = rt.work.take_counts();
@@ -244,6 +245,7 @@ pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
         .arg(format!("{id}:workers"))
         .arg(format!("{id}:work"))
         .arg(alive_key(id))
+        .arg(crate::sweeper::locks_key(id))
         .ignore();
     // The `playguard:fetchers` entry stays: the orphan sweep sees us dead (no alive key),
     // returns anything left in our working lists, and only then removes the entry.

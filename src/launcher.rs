@@ -98,9 +98,36 @@ async fn signals(rt: Arc<Runtime>) {
     }
 }
 
+/// One beat, and what it means for the liveness lease: a landed beat extends it; the first
+/// one after a lapse treats our past as dead (see `regained`).
+async fn beat_once(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
+    let sent_at = tokio::time::Instant::now();
+    let r = heartbeat::beat(rt, info).await;
+    if r.is_ok() && rt.reliable() {
+        // Still lapsed (nothing is fetched): release first, so no lock taken after the
+        // refresh can be among those released.
+        if !rt.liveness.is_live() {
+            regained(rt).await;
+        }
+        rt.liveness.refreshed(sent_at);
+        rt.retry_pending_requeues().await;
+    }
+    r
+}
+
+/// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
+/// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
+/// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
+async fn regained(rt: &Runtime) {
+    tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
+    if let Err(e) = sweeper::release_locks_of(rt, &rt.identity, true).await {
+        tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
+    }
+}
+
 async fn heartbeat_loop(rt: Arc<Runtime>, info: String) {
     loop {
-        match heartbeat::beat(&rt, &info).await {
+        match beat_once(&rt, &info).await {
             Ok(Some(sig)) => apply_signal(&rt, &sig, true),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
@@ -249,6 +276,13 @@ pub async fn run_with(
         metrics,
         job_metrics: crate::job_metrics::JobMetrics::new(config.sidekiq_metrics),
         acker,
+        // Only reliable fetch has orphan recovery, so only it needs a lease to stop before.
+        liveness: if config.reliable_fetch {
+            crate::liveness::Liveness::new()
+        } else {
+            crate::liveness::Liveness::disabled()
+        },
+        pending_requeues: Default::default(),
         config,
     });
     rt.metrics.attach_work(&rt.work);
@@ -283,7 +317,7 @@ pub async fn run_with(
     // Beat before fetching: with reliable fetch our working lists must be registered (and
     // claimed by a live process) before they hold anything, or a crash could orphan them
     // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
-    while let Err(e) = heartbeat::beat(&rt, &info).await {
+    while let Err(e) = beat_once(&rt, &info).await {
         tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}

@@ -18,6 +18,7 @@ pub mod heartbeat;
 pub mod job_metrics;
 pub mod launcher;
 pub mod ledger;
+pub mod liveness;
 pub mod lock;
 pub mod logging;
 pub mod manifest;

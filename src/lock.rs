@@ -1,7 +1,9 @@
 //! Token lock with fencing numbers, for jobs that must never run twice at once (one Marquee,
 //! one reconciler). Redis keys: `<key>` (the lock; its value is the holder's UUIDv4 token),
-//! `<key>:fence` (the last fence handed out), the `<key>` passed to [`once`] (a plain `1` with
-//! a TTL), and the hash `<key>` passed to [`fenced_set`] (`{fence, value}`).
+//! `<key>:fence` (the last fence handed out), the holder record hash
+//! `playguard:locks:<identity>` when a [`Holder`] is given (field = lock key), the `<key>`
+//! passed to [`once`] (a plain `1` with a TTL), and the hash `<key>` passed to [`fenced_set`]
+//! (`{fence, value}`).
 //!
 //! A random token per acquisition makes renewal and release compare-and-act scripts
 //! ([`Lease::renew`] is compare-and-PEXPIRE, [`Lease::release`] compare-and-DEL), so a holder
@@ -82,6 +84,8 @@ pub struct Lease {
     fence: i64,
     /// Lease length sent to Redis (whole milliseconds).
     ttl: Duration,
+    /// The holder record hash this acquisition was written to; release drops it from there.
+    record: Option<String>,
     /// When we stop trusting the lease locally: request start + ttl - safety margin.
     /// Moved forward by each successful renew; pulled to "now" by a failed one.
     deadline: Instant,
@@ -122,30 +126,72 @@ fn unexpected(what: &'static str, reply: &Value) -> RedisError {
     RedisError::from((ErrorKind::UnexpectedReturnType, what, format!("{reply:?}")))
 }
 
-/// Try once to take `key` for `ttl`. `Ok(None)` means another holder has it; the caller
+/// Who takes a lock, recorded atomically with the acquisition in `record` (the hash
+/// `playguard:locks:<identity>`, field = the lock key) as
+/// `{"token","jid","fence","label","class","acquired_at" (unix ms),"ttl_ms"}`, so the orphan
+/// sweep can release the lock if this process dies holding it.
+#[derive(Debug, Clone)]
+pub struct Holder {
+    pub record: String,
+    pub jid: String,
+    pub class: String,
+    pub label: Option<String>,
+}
+
+impl Holder {
+    /// The record JSON around the fence (only the script knows it): (before, after).
+    fn json_parts(&self, token: &str, ttl_ms: u64) -> (String, String) {
+        let s = |v: &str| serde_json::Value::from(v).to_string();
+        let label = self
+            .label
+            .as_deref()
+            .map(s)
+            .unwrap_or_else(|| "null".into());
+        let acquired_at = chrono::Utc::now().timestamp_millis();
+        (
+            format!(r#"{{"token":{},"jid":{},"fence":"#, s(token), s(&self.jid)),
+            format!(
+                r#","label":{label},"class":{},"acquired_at":{acquired_at},"ttl_ms":{ttl_ms}}}"#,
+                s(&self.class)
+            ),
+        )
+    }
+}
+
+/// Try once to take `key` for `ttl` (no holder record; see [`acquire_as`]).
+pub async fn acquire(
+    conn: &MultiplexedConnection,
+    key: &str,
+    ttl: Duration,
+) -> RedisResult<Option<Lease>> {
+    acquire_as(conn, key, ttl, None).await
+}
+
+/// Try once to take `key` for `ttl`, recording `holder` when given. `Ok(None)` means another holder has it; the caller
 /// should skip this cycle rather than wait. The lease's local deadline is counted from
 /// before the request was sent, so network and queueing time shorten it, never lengthen it.
 ///
 /// An `Err` (say a response timeout) does not prove the lock was not taken: the script may
 /// still run on the server, leaving a key nobody holds the token for. It expires after `ttl`;
 /// treat the error like "locked" and skip the cycle.
-pub async fn acquire(
+pub async fn acquire_as(
     conn: &MultiplexedConnection,
     key: &str,
     ttl: Duration,
+    holder: Option<&Holder>,
 ) -> RedisResult<Option<Lease>> {
     let ttl_ms = ttl_millis(ttl)?;
     let ttl = Duration::from_millis(ttl_ms);
     let token = uuid::Uuid::new_v4().to_string();
     let mut c = conn.clone();
     let sent_at = Instant::now();
-    let reply: Value = ACQUIRE
-        .key(key)
-        .key(format!("{key}:fence"))
-        .arg(&token)
-        .arg(ttl_ms)
-        .invoke_async(&mut c)
-        .await?;
+    let mut inv = ACQUIRE.key(key);
+    inv.key(format!("{key}:fence")).arg(&token).arg(ttl_ms);
+    if let Some(h) = holder {
+        let (before, after) = h.json_parts(&token, ttl_ms);
+        inv.key(&h.record).arg(before).arg(after);
+    }
+    let reply: Value = inv.invoke_async(&mut c).await?;
     match &reply {
         // Lua `false` is nil under RESP2 and a boolean under RESP3.
         Value::Nil | Value::Boolean(false) => Ok(None),
@@ -156,6 +202,7 @@ pub async fn acquire(
                     token,
                     fence: *fence,
                     ttl,
+                    record: holder.map(|h| h.record.clone()),
                     deadline: local_deadline(sent_at, ttl),
                     conn: c,
                 }))
@@ -210,11 +257,11 @@ impl Lease {
     /// Safe, and expected, after `LockLost`.
     pub async fn release(&self) -> RedisResult<bool> {
         let mut c = self.conn.clone();
-        let reply: Value = RELEASE
-            .key(&self.key)
-            .arg(&self.token)
-            .invoke_async(&mut c)
-            .await?;
+        let mut inv = RELEASE.key(&self.key);
+        if let Some(r) = &self.record {
+            inv.key(r);
+        }
+        let reply: Value = inv.arg(&self.token).invoke_async(&mut c).await?;
         match reply {
             Value::Int(1) => Ok(true),
             Value::Int(0) => Ok(false),

@@ -56,6 +56,17 @@ pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
 }
 
 async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
+    let lease = crate::liveness::JobLease {
+        liveness: rt.liveness.clone(),
+        epoch: f.epoch,
+    };
+    // Fetched before a lapse (a pop answered while we were frozen, say): the sweep may have
+    // returned it and another process be running it. Hand it back (only if still ours).
+    if lease.lapsed() {
+        tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
+        rt.requeue_logged(&f).await;
+        return;
+    }
     let started = Instant::now();
     let class = job.dispatch_class().to_string();
     let shown = job.display_class().to_string();
@@ -89,6 +100,8 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                 redis: rt.conn.clone(),
                 metrics: rt.metrics.clone(),
                 db: rt.db.clone(),
+                liveness: lease.clone(),
+                locks_record: rt.locks_record(),
                 slot: Some(slot.clone()),
             };
             // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
@@ -119,8 +132,25 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
                         Err(_) => Outcome::Requeue,
                     }
                 }
+                // Our alive key may lapse soon and the job be recovered: stop it now (command
+                // and phased jobs kill their groups themselves; a Rust handler is abandoned).
+                _ = lease.lapse() => {
+                    match tokio::time::timeout(grace, &mut run).await {
+                        Ok(r) => caught(r),
+                        Err(_) => Outcome::Requeue,
+                    }
+                }
             }
         }
+    };
+    // A job that failed while our lease lapsed was most likely killed for it: it goes back
+    // (LREM-guarded, so not beside a copy the sweep recovered), not into the retry set.
+    let outcome = match outcome {
+        Outcome::Failed(f) if lease.lapsed() => {
+            tracing::warn!(error = %f.message, "liveness lease lapsed while the job ran: stopped, handing it back");
+            Outcome::Requeue
+        }
+        o => o,
     };
     // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
     let ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
@@ -166,7 +196,11 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
             rt.work.count(true);
-            tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+            if lease.lapsed() {
+                tracing::info!(elapsed_ms = ms, "stopped: liveness lease lapsed");
+            } else {
+                tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+            }
             rt.requeue_logged(&f).await;
         }
     }

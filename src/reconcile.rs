@@ -57,6 +57,8 @@ pub enum StopCause {
     LeaseDeadline,
     PhaseTimeout,
     Shutdown,
+    /// The process's liveness lease lapsed: the job may be recovered elsewhere.
+    Liveness,
 }
 
 /// How one phase ended.
@@ -85,6 +87,7 @@ async fn stop_signal(ctx: &PhaseContext) -> StopCause {
     tokio::select! {
         _ = tokio::time::sleep_until(ctx.stop_at) => cause_at,
         _ = ctx.shutdown.hard_deadline() => StopCause::Shutdown,
+        _ = ctx.job.liveness.lapse() => StopCause::Liveness,
     }
 }
 
@@ -153,6 +156,7 @@ impl Phase for CommandPhase {
                 match c {
                     // The lease is the safety guarantee: no grace past it.
                     StopCause::LeaseDeadline => Stop::kill("lease deadline passed"),
+                    StopCause::Liveness => Stop::kill("liveness lease lapsed"),
                     // TERM first, but KILL no later than the lease deadline.
                     StopCause::PhaseTimeout => within_lease(Stop::term("phase timeout"), &ctx),
                     StopCause::Shutdown => {
@@ -161,6 +165,10 @@ impl Phase for CommandPhase {
                 }
             };
             let exit = run_for(&ctx.job, &argv, inherit.as_deref(), env, stop).await;
+            // Killed by its shepherd while we were frozen, or by us: not a phase failure.
+            if !matches!(exit, Exit::Success) && ctx.job.liveness.lapsed() {
+                return PhaseEnd::Stopped(StopCause::Liveness);
+            }
             if let Exit::Killed { .. } = exit {
                 if let Some(c) = *cause.lock().unwrap() {
                     return PhaseEnd::Stopped(c);
@@ -348,7 +356,13 @@ async fn run_cycle(
         .as_deref()
         .map(|l| render_template(l, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args))
         .unwrap_or_else(|| key.clone());
-    let lease = match lock::acquire(&ctx.redis, &key, lock.ttl).await {
+    let holder = ctx.locks_record.clone().map(|record| lock::Holder {
+        record,
+        jid: ctx.jid.clone(),
+        class: ctx.class.clone(),
+        label: lock.label.as_ref().map(|_| label.clone()),
+    });
+    let lease = match lock::acquire_as(&ctx.redis, &key, lock.ttl, holder.as_ref()).await {
         Ok(Some(l)) => l,
         Ok(None) => {
             ctx.metrics.lock_event(&ctx.class, "skipped");
@@ -393,6 +407,19 @@ async fn run_cycle(
             guard
                 .end(End::Interrupted, last.as_deref(), None, "shutdown")
                 .await;
+            return Outcome::Requeue;
+        }
+        if ctx.liveness.lapsed() {
+            tracing::warn!(next_phase = %name, "liveness lease lapsed: stopping at the phase boundary");
+            guard
+                .end(
+                    End::Interrupted,
+                    last.as_deref(),
+                    Some("liveness lease lapsed"),
+                    "liveness lapsed",
+                )
+                .await;
+            ctx.set_phase(None);
             return Outcome::Requeue;
         }
         let lease = &guard.lease.as_ref().expect("held between phases").lease;
@@ -465,6 +492,20 @@ async fn run_cycle(
                     .await;
                 return Outcome::Requeue;
             }
+            PhaseEnd::Stopped(StopCause::Liveness) => {
+                tracing::warn!(phase = %name, lock_key = %key,
+                    "liveness lease lapsed: phase killed, job handed back");
+                guard
+                    .end(
+                        End::Interrupted,
+                        Some(&name),
+                        Some("liveness lease lapsed"),
+                        "liveness lapsed",
+                    )
+                    .await;
+                ctx.set_phase(None);
+                return Outcome::Requeue;
+            }
             PhaseEnd::Stopped(StopCause::LeaseDeadline) => {
                 ctx.metrics.lock_event(&ctx.class, "lost");
                 tracing::warn!(phase = %name, lock_key = %key,
@@ -492,6 +533,11 @@ async fn run_cycle(
                 .end(End::LockLost, Some(&name), Some(&reason), "lock lost")
                 .await;
             ctx.set_phase(None);
+            // Unreachable Redis long enough to lapse our liveness: the job goes back (the
+            // sweep may already have it), so the Marquee is not left to the next tick.
+            if ctx.liveness.lapsed() {
+                return Outcome::Requeue;
+            }
             return Outcome::Done;
         }
     }
@@ -516,7 +562,7 @@ async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
             // Command phases kill their group and return at once; a Rust phase that ignores its
             // stop is dropped. Never wait past the lease for either (margin is >= 50 ms).
             let lease_left = backstop_ctx.lease_deadline.saturating_duration_since(Instant::now());
-            let grace = if cause == StopCause::LeaseDeadline {
+            let grace = if matches!(cause, StopCause::LeaseDeadline | StopCause::Liveness) {
                 Duration::from_millis(25)
             } else {
                 (command::KILL_GRACE + Duration::from_millis(100)).min(lease_left)

@@ -15,6 +15,9 @@ use std::sync::Arc;
 pub struct Fetched {
     pub queue: String,
     pub raw: Vec<u8>,
+    /// The liveness lapse count when the fetch was sent: a job whose process lapsed since may
+    /// already have been recovered by another process (see `liveness.rs`).
+    pub epoch: u64,
 }
 
 impl Fetched {
@@ -38,6 +41,10 @@ pub struct Runtime {
     pub acker: crate::acker::Acker,
     /// `DATABASE_URL`: fences for `fence = "database"` locks and the cycle ledger.
     pub db: Option<crate::db::Db>,
+    pub liveness: crate::liveness::Liveness,
+    /// Jobs stopped and meant to go back to their queues while Redis could not be reached:
+    /// retried after every heartbeat that lands, so none stays in our working list for good.
+    pub pending_requeues: std::sync::Mutex<Vec<Fetched>>,
 }
 
 static REQUEUE: std::sync::LazyLock<redis::Script> =
@@ -74,8 +81,15 @@ impl Runtime {
         }
     }
 
-    /// Push an unfinished job back to the head of its queue, once.
-    pub async fn requeue(&self, f: &Fetched) -> redis::RedisResult<()> {
+    /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep (reliable fetch).
+    pub fn locks_record(&self) -> Option<String> {
+        self.reliable()
+            .then(|| crate::sweeper::locks_key(&self.identity))
+    }
+
+    /// Push an unfinished job back to the head of its queue, once. `Ok(false)`: it was no
+    /// longer in our working list (the orphan sweep already returned it), nothing pushed.
+    pub async fn requeue(&self, f: &Fetched) -> redis::RedisResult<bool> {
         let mut conn = self.conn.clone();
         if self.reliable() {
             let n: i64 = REQUEUE
@@ -91,6 +105,7 @@ impl Runtime {
                     format!("queue:{}", f.queue),
                 )));
             }
+            Ok(n == 1)
         } else {
             let pushed: redis::RedisResult<i64> = redis::cmd("RPUSH")
                 .arg(format!("queue:{}", f.queue))
@@ -115,19 +130,33 @@ impl Runtime {
                 );
                 pipe.query_async::<()>(&mut conn).await?;
             }
+            Ok(true)
         }
-        Ok(())
     }
 
     /// Requeue, logging instead of failing: with reliable fetch a job we could not push back
-    /// stays in the working list and the orphan sweep returns it later.
+    /// stays in the working list and is retried after the next heartbeat that lands.
     pub async fn requeue_logged(&self, f: &Fetched) {
         match self.requeue(f).await {
-            Ok(()) => tracing::info!(queue = %f.queue, "pushed 1 job back to Redis"),
-            Err(e) if self.reliable() => tracing::error!(queue = %f.queue, error = %e,
-                "could not push the job back now; it stays in the working list and will be recovered"),
+            Ok(true) => tracing::info!(queue = %f.queue, "pushed 1 job back to Redis"),
+            Ok(false) => tracing::info!(queue = %f.queue,
+                "not pushed back: the orphan sweep had already returned it to its queue"),
+            Err(e) if self.reliable() => {
+                tracing::error!(queue = %f.queue, error = %e,
+                    "could not push the job back now; it stays in the working list and is retried after the next heartbeat");
+                self.pending_requeues.lock().unwrap().push(f.clone());
+            }
             Err(e) => tracing::error!(queue = %f.queue, error = %e, payload = %f.shown(),
                 "could not push the job back (basic fetch): this job is lost"),
+        }
+    }
+
+    /// Push back the jobs whose requeue failed earlier (after a heartbeat landed). Each stays
+    /// pending until Redis answers; LREM semantics keep a swept job from being pushed twice.
+    pub async fn retry_pending_requeues(&self) {
+        let pending = std::mem::take(&mut *self.pending_requeues.lock().unwrap());
+        for f in pending {
+            self.requeue_logged(&f).await;
         }
     }
 }

@@ -6,6 +6,9 @@
 //! restarted process sweeps at once); a process never sweeps its own lists.
 //! A payload recovered `MAX_RECOVERIES` times is a poison pill: it goes to `dead` with the reason
 //! (through `playguard:poison`, so the dead entry is built from the exact string in Rust).
+//! Before its jobs go back, a dead process's token locks are released from the record its
+//! cycles keep in `playguard:locks:<identity>` (compare-and-delete on each lock key), so a
+//! recovered cycle is not skipped as "already locked" by its own dead holder.
 
 use crate::heartbeat::{alive_key, hostname, FETCHERS_KEY};
 use crate::payload::{dump, now_value, uses_millis};
@@ -23,6 +26,8 @@ pub const POISON_ERROR: &str = "Playguard::PoisonPill";
 
 static RECOVER: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/recover.lua")));
+static RELEASE_LOCKS: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/locks_release.lua")));
 static DRAIN: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/drain.lua")));
 
@@ -43,7 +48,63 @@ fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
     matches!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    ) && !shepherds_left(pid as u32)
+}
+
+/// Whether a command shepherd of worker `pid` is still alive. A dead worker's shepherds kill
+/// their groups on PDEATHSIG, but that takes them a moment: until the last is gone, a command
+/// may still run, so the pid alone does not let us recover its job (or free its locks) yet.
+fn shepherds_left(pid: u32) -> bool {
+    let needle = crate::command::shepherd_name(pid);
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read(e.path().join("cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == needle.as_bytes()))
+            .unwrap_or(false)
+    })
+}
+
+/// The hash of the token locks a process holds: field = lock key, value = the holder record
+/// JSON written by `lua/lock_acquire.lua` (see `lock::Holder`).
+pub fn locks_key(identity: &str) -> String {
+    format!("playguard:locks:{identity}")
+}
+
+/// Release the locks `identity` recorded, if it is dead (alive key lapsed, or `force`: its
+/// pid is gone on this host, or it is ourselves after our own lease lapsed). Returns how
+/// many lock keys were deleted; -1 when it turned out to be alive.
+pub async fn release_locks_of(
+    rt: &Runtime,
+    identity: &str,
+    force: bool,
+) -> redis::RedisResult<i64> {
+    let mut conn = rt.conn.clone();
+    let record = locks_key(identity);
+    let held: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&record)
+        .query_async(&mut conn)
+        .await?;
+    if held.is_empty() {
+        return Ok(0);
+    }
+    let mut inv = RELEASE_LOCKS.key(alive_key(identity));
+    inv.key(&record).arg(if force { "1" } else { "0" });
+    for (key, json) in &held {
+        // A record we cannot read still goes (its lock then expires by its ttl).
+        let token = serde_json::from_str::<Value>(json)
+            .ok()
+            .and_then(|v| v.get("token").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_default();
+        inv.key(key).arg(token);
+    }
+    let n: i64 = inv.invoke_async(&mut conn).await?;
+    if n > 0 {
+        tracing::warn!(dead_process = %identity, locks = n,
+            "released the locks of a worker that died holding them");
+    }
+    Ok(n)
 }
 
 /// One sweep (if this process wins the lease). Returns how many jobs were recovered.
@@ -95,6 +156,8 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
         }
         let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
         let force = local_pid_gone(&identity, ns);
+        // Locks first: a job recovered before its lock is free would be skipped and acked.
+        release_locks_of(rt, &identity, force).await?;
         let mut inv = RECOVER.key(FETCHERS_KEY);
         inv.key(alive_key(&identity))
             .key(RECOVERED_KEY)

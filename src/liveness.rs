@@ -1,0 +1,231 @@
+//! The liveness lease of one process. The orphan sweep of other processes judges us dead once
+//! `playguard:alive:<identity>` (written by each heartbeat, TTL [`ALIVE_TTL_SECS`]) has lapsed,
+//! and then runs our jobs again. So our own jobs must be stopped before that can happen: a
+//! beat sent at `t` keeps us live until `t + ALIVE_TTL - LIVENESS_MARGIN` (the key itself lives
+//! at least until `t + ALIVE_TTL`), and a process that cannot refresh in time stops its running
+//! jobs (keeping them in its working list) and fetches nothing until a beat lands again.
+//!
+//! A frozen process (SIGSTOP, VM pause) cannot stop anything itself, so each command's shepherd
+//! gets a countdown from us on a keepalive pipe (see `command.rs`) and kills its own group when
+//! the countdown runs out: that budget is [`Liveness::shepherd_budget`], which never lets a
+//! command outlive the alive key. Touches no Redis keys itself.
+
+use crate::heartbeat::ALIVE_TTL_SECS;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How much earlier than the alive key we stop our jobs. Covers the shepherd's countdown
+/// granularity (it may fire up to 2 s after our own deadline: one tick of rounding, one of
+/// `sleep 1` drift) and the kill itself, so a command is gone before the key can expire.
+pub const LIVENESS_MARGIN: Duration = Duration::from_secs(4);
+
+#[derive(Debug, Clone, Copy, Default)]
+struct State {
+    /// Last successful refresh's send time + ALIVE_TTL - margin; None before the first beat.
+    deadline: Option<Instant>,
+    /// How many times the lease lapsed (a job compares it with the count at its start).
+    lapses: u64,
+    /// The lease has lapsed and no beat has landed since.
+    lapsed: bool,
+}
+
+/// A cheap, cloneable handle on the process's liveness lease. A disabled one (basic fetch:
+/// nobody recovers our jobs, so nobody can run them beside us) never lapses.
+#[derive(Clone)]
+pub struct Liveness {
+    tx: Option<Arc<watch::Sender<State>>>,
+}
+
+impl Liveness {
+    pub fn new() -> Liveness {
+        let (tx, _rx) = watch::channel(State::default());
+        Liveness {
+            tx: Some(Arc::new(tx)),
+        }
+    }
+
+    /// A lease that never lapses and sends no keepalive.
+    pub fn disabled() -> Liveness {
+        Liveness { tx: None }
+    }
+
+    fn state(&self) -> State {
+        self.tx.as_ref().map(|t| *t.borrow()).unwrap_or_default()
+    }
+
+    /// Record a lapse if the deadline has passed (whoever looks first notices it).
+    fn observe(&self) {
+        if let Some(tx) = &self.tx {
+            tx.send_if_modified(|s| match s.deadline {
+                Some(d) if !s.lapsed && Instant::now() >= d => {
+                    s.lapsed = true;
+                    s.lapses += 1;
+                    true
+                }
+                _ => false,
+            });
+        }
+    }
+
+    /// A beat sent at `sent_at` refreshed the alive key. Returns true when it ends a lapse (the
+    /// caller then treats its own past as dead: releases its recorded locks, hands back jobs).
+    pub fn refreshed(&self, sent_at: Instant) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        self.observe();
+        let ttl = Duration::from_secs(ALIVE_TTL_SECS as u64).saturating_sub(LIVENESS_MARGIN);
+        let mut ended = false;
+        tx.send_modify(|s| {
+            ended = s.lapsed;
+            s.lapsed = false;
+            s.deadline = Some(sent_at + ttl);
+        });
+        ended
+    }
+
+    /// The lapse count now (a lapse in progress counted).
+    pub fn epoch(&self) -> u64 {
+        self.observe();
+        self.state().lapses
+    }
+
+    /// Whether the lease lapsed at any moment since `epoch` was taken, or is lapsed now.
+    pub fn lapsed_since(&self, epoch: u64) -> bool {
+        self.observe();
+        let s = self.state();
+        s.lapses != epoch || s.lapsed
+    }
+
+    /// Live now: a beat has landed and its lease has not run out.
+    pub fn is_live(&self) -> bool {
+        self.observe();
+        !self.state().lapsed
+    }
+
+    /// Resolves once the lease lapses after `epoch` (never for a disabled lease). Cancel-safe.
+    pub async fn lapse_after(&self, epoch: u64) {
+        let Some(tx) = &self.tx else {
+            return std::future::pending().await;
+        };
+        let mut rx = tx.subscribe();
+        loop {
+            if self.lapsed_since(epoch) {
+                return;
+            }
+            let deadline = rx.borrow_and_update().deadline;
+            tokio::select! {
+                _ = sleep_until_opt(deadline) => {}
+                r = rx.changed() => if r.is_err() { return std::future::pending().await },
+            }
+        }
+    }
+
+    /// Resolves once the lease is live (immediately for a disabled one). Cancel-safe.
+    pub async fn live(&self) {
+        let Some(tx) = &self.tx else { return };
+        let mut rx = tx.subscribe();
+        while !self.is_live() {
+            let _ = rx.changed().await;
+        }
+    }
+
+    /// Resolves at the next refresh or lapse. Cancel-safe.
+    pub async fn changed(&self) {
+        match &self.tx {
+            Some(tx) => {
+                let mut rx = tx.subscribe();
+                let _ = rx.changed().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Whole seconds a shepherd may let its command run without hearing from us again: the
+    /// countdown it kills at. `ceil(left) + 1` ticks of `sleep 1` take at least `left`, so the
+    /// shepherd never fires before our own deadline (we have stopped the job first when we are
+    /// running), and at most LIVENESS_MARGIN later. None: no lease to keep (disabled, or
+    /// before the first beat).
+    pub fn shepherd_budget(&self) -> Option<u64> {
+        self.tx.as_ref()?;
+        let s = self.state();
+        let d = s.deadline?;
+        let left = d.saturating_duration_since(Instant::now());
+        Some(left.as_secs_f64().ceil() as u64 + 1)
+    }
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+async fn sleep_until_opt(d: Option<Instant>) {
+    match d {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A job's view of the lease: the lapse count when the job was fetched.
+#[derive(Clone)]
+pub struct JobLease {
+    pub liveness: Liveness,
+    pub epoch: u64,
+}
+
+impl JobLease {
+    /// Whether the process's lease lapsed since this job was fetched: it may then have been
+    /// recovered and be running elsewhere, so it must stop and go back (guarded by LREM).
+    pub fn lapsed(&self) -> bool {
+        self.liveness.lapsed_since(self.epoch)
+    }
+
+    /// Resolves when the lease lapses (never for a disabled lease).
+    pub async fn lapse(&self) {
+        self.liveness.lapse_after(self.epoch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lapses_at_the_deadline_and_a_beat_ends_it() {
+        let l = Liveness::new();
+        assert!(l.is_live(), "no lease yet is not a lapse");
+        assert_eq!(l.shepherd_budget(), None);
+        let ttl = Duration::from_secs(ALIVE_TTL_SECS as u64) - LIVENESS_MARGIN;
+        // A beat sent long enough ago that its lease has 300 ms left.
+        let sent = Instant::now() - ttl + Duration::from_millis(300);
+        assert!(!l.refreshed(sent));
+        let e = l.epoch();
+        assert_eq!(l.shepherd_budget(), Some(2), "ceil(0.3 s) + 1");
+        assert!(!l.lapsed_since(e));
+        tokio::time::timeout(Duration::from_secs(5), l.lapse_after(e))
+            .await
+            .expect("lapses at send + ttl - margin");
+        assert!(Instant::now() >= sent + ttl);
+        assert!(!l.is_live() && l.lapsed_since(e));
+        assert!(l.refreshed(Instant::now()), "this beat ends a lapse");
+        assert!(l.is_live());
+        assert!(l.lapsed_since(e), "a job from before the lapse still knows");
+        assert!(!l.lapsed_since(l.epoch()));
+        assert_eq!(l.shepherd_budget(), Some(ttl.as_secs() + 1));
+    }
+
+    #[tokio::test]
+    async fn disabled_never_lapses() {
+        let l = Liveness::disabled();
+        assert!(!l.refreshed(Instant::now()));
+        assert!(l.is_live() && !l.lapsed_since(0));
+        assert_eq!(l.shepherd_budget(), None);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), l.lapse_after(0))
+                .await
+                .is_err()
+        );
+    }
+}
