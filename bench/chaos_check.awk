@@ -1,10 +1,12 @@
 # Invariant checker for bench/chaos.sh (POSIX awk). Files, in order:
 #   enqueued   "<plain|marquee> <jid> [marquee]"   jobs Redis accepted
 #   uncertain  same format: pushes whose reply was lost (they may or may not have landed)
-#   skipped    "<jid>" of Marquee jobs a worker skipped because a live holder had the lock
+#   skipped    "<jid>" of Marquee jobs a worker skipped because a live holder had the lock, or
+#              aborted because its lock was lost (both by design: the next tick reconciles)
 #   ledger     "P <jid>" per finished plain job;
-#              "S|E <marquee> <fence> <start_us> <end_us> <worker> <jid> <phase>" per phase
-#              (S carries the planned end, used when the phase was killed before its E line)
+#              "S|E|D <marquee> <fence> <start_us> <end_us> <worker> <jid> <phase>" per phase:
+#              S at its start (with the planned end), E at its own end, D from a watcher once
+#              the phase's process is gone (a KILLed phase has no E line; its end is D's)
 # Overlap: two phase executions of one Marquee by different acquisitions overlapping in time.
 # Fences: by start time, a Marquee's fence never goes down, and one fence is one holder.
 # Lost: a job Redis accepted that never ran (plain: no P line; Marquee: no phase started, not
@@ -16,12 +18,15 @@ $1 == "P" { runs[$2]++; plain_runs++; next }
 $1 == "S" { n++; sm[n] = $2; sf[n] = $3; ss[n] = $4; se[n] = $5; sw[n] = $6; sj[n] = $7; sp[n] = $8
             started[$7] = 1; next }
 $1 == "E" { ended[$2 SUBSEP $3 SUBSEP $4 SUBSEP $8] = $5; phases_done++; next }
+$1 == "D" { gone[$2 SUBSEP $3 SUBSEP $4 SUBSEP $8] = $5; next }
 END {
   tmp = ENVIRON["TMPDIR"]; if (tmp == "") tmp = "/tmp"
   srand(); f = tmp "/chaos_check." int(rand() * 1e9)
   for (i = 1; i <= n; i++) {
     k = sm[i] SUBSEP sf[i] SUBSEP ss[i] SUBSEP sp[i]
-    e = (k in ended) ? ended[k] : se[i]
+    if (k in ended) e = ended[k]
+    else if (k in gone) { e = gone[k]; killed++ }
+    else { e = se[i]; unseen++ }
     print sm[i], ss[i], e, sf[i], sw[i], sj[i] > f
     if (sp[i] == "sync") { cycles[sj[i] SUBSEP sf[i] SUBSEP sw[i]] = 1; acq[sj[i]]++ }
   }
@@ -62,6 +67,7 @@ END {
   nskipped = 0; for (j in skipped) nskipped++
   printf "jobs enqueued: %d (+%d uncertain pushes, %d of them ran)\n", jobs, nunc, unc_ran
   printf "jobs run: %d plain runs, %d Marquee cycles started (%d phase executions, %d finished), %d skipped beside a live holder\n", plain_runs, ncycles, n, phases_done, nskipped
+  printf "phases killed before their end: %d (end from the watcher), with no end seen: %d\n", killed + 0, unseen + 0
   printf "duplicates: %d plain jobs ran more than once, %d Marquee jobs acquired more than once\n", dup_plain, dup_marquee
   printf "overlapping holders of one Marquee: %d (must be 0)\n", overlaps
   printf "fences not increasing: %d (must be 0)\n", fences_bad
