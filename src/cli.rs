@@ -278,7 +278,10 @@ fn enqueue(a: EnqueueArgs) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("playguard: cannot enqueue at {}: {e}", a.redis.url);
+            eprintln!(
+                "playguard: cannot enqueue at {}: {e}",
+                crate::sentinel::redact(&a.redis.url)
+            );
             1
         }
     }
@@ -320,11 +323,18 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
             .query_async::<()>(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        crate::redis_conn::check_server(&mut conn).await
+        let version = crate::redis_conn::check_server(&mut conn).await?;
+        Ok::<_, String>(match conn.primary() {
+            Some(p) => format!("{version} (primary {p})"),
+            None => version,
+        })
     });
     match res {
         Err(e) => {
-            eprintln!("playguard: cannot reach Redis at {}: {e}", a.redis.url);
+            eprintln!(
+                "playguard: cannot reach Redis at {}: {e}",
+                crate::sentinel::redact(&a.redis.url)
+            );
             1
         }
         Ok(version) => {
@@ -334,7 +344,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
                 a.jobs.display(),
                 m.periodic.len(),
                 registry.classes().len(),
-                a.redis.url
+                crate::sentinel::redact(&a.redis.url)
             );
             0
         }

@@ -168,14 +168,14 @@ pub async fn run_with(
 ) -> Result<(), StartError> {
     let manifest = load_manifest(&config.jobs_dir, &registry)?;
     register_manifest(&mut registry, &manifest);
-    let url = config.redis_url.clone();
+    let url = crate::sentinel::redact(&config.redis_url);
     let redis_err = |err| StartError::Redis {
         url: url.clone(),
         err,
     };
     // A URL that does not parse is a configuration error, not an unreachable server.
     let client = crate::redis_conn::client(&config.redis_url)
-        .map_err(|e| StartError::Config(format!("bad Redis URL {:?}: {e}", config.redis_url)))?;
+        .map_err(|e| StartError::Config(format!("bad Redis URL {url:?}: {e}")))?;
     let mut conn = crate::redis_conn::shared(&client)
         .await
         .map_err(redis_err)?;
@@ -185,7 +185,12 @@ pub async fn run_with(
         .map_err(redis_err)?;
     let version = crate::redis_conn::check_server(&mut conn)
         .await
-        .map_err(|e| StartError::Config(format!("{}: {e}", config.redis_url)))?;
+        .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
+    // Behind sentinels, the start line names the primary they led us to.
+    let version = match conn.primary() {
+        Some(p) => format!("{version} at primary {p}"),
+        None => version,
+    };
 
     let acker = crate::acker::Acker::start(conn.clone());
     let rt = Arc::new(Runtime {
