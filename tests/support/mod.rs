@@ -181,12 +181,19 @@ impl Worker {
 
     /// Start `playguard <sub> -r <url>` (any URL form, e.g. redis-sentinel://).
     pub fn start_url(url: &str, dir: &Path, sub: &str, args: &[&str]) -> Worker {
-        let mut child = Command::new(bin())
-            .arg(sub)
-            .args(["-r", url])
-            .args(args)
-            .current_dir(dir)
-            .env("RUST_LOG", "info")
+        Self::spawn(
+            Command::new(bin())
+                .arg(sub)
+                .args(["-r", url])
+                .args(args)
+                .current_dir(dir)
+                .env("RUST_LOG", "info"),
+        )
+    }
+
+    /// Run `cmd` (a playguard command line, possibly wrapped, e.g. by `ip netns exec`).
+    pub fn spawn(cmd: &mut Command) -> Worker {
+        let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
