@@ -373,7 +373,11 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
             .query_async::<()>(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        crate::redis_conn::check_server(&mut conn).await
+        let version = crate::redis_conn::check_server(&mut conn).await?;
+        Ok::<_, String>(match conn.primary() {
+            Some(p) => format!("{version} (primary {p})"),
+            None => version,
+        })
     });
     match res {
         Err(e) => {

@@ -247,7 +247,7 @@ pub async fn run_with(
     };
     // A URL that does not parse is a configuration error, not an unreachable server.
     let client = crate::redis_conn::client(&config.redis_url)
-        .map_err(|e| StartError::Config(format!("bad Redis URL {:?}: {e}", url)))?;
+        .map_err(|e| StartError::Config(format!("bad Redis URL {url:?}: {e}")))?;
     let mut conn = crate::redis_conn::shared(&client)
         .await
         .map_err(redis_err)?;
@@ -258,6 +258,11 @@ pub async fn run_with(
     let version = crate::redis_conn::check_server(&mut conn)
         .await
         .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
+    // Behind sentinels, the start line names the primary they led us to.
+    let version = match conn.primary() {
+        Some(p) => format!("{version} at primary {p}"),
+        None => version,
+    };
 
     let identity = heartbeat::new_identity();
     let db = open_database(&config, &identity).await?;

@@ -32,6 +32,7 @@ pub mod redis_conn;
 pub mod retry;
 pub mod runtime;
 pub mod scheduled;
+pub mod sentinel;
 pub mod shutdown;
 pub mod sweeper;
 pub mod work;

@@ -70,6 +70,10 @@ mod tests {
         );
         assert_eq!(url("redis://app@h"), "redis://app@h");
         assert_eq!(
+            url("redis-sentinel://u:secret@h1,h2/0#m"),
+            "redis-sentinel://u:***@h1,h2/0#m"
+        );
+        assert_eq!(
             url("postgres://app:s3cr@t@db:5432/app?sslmode=prefer"),
             "postgres://app:***@db:5432/app?sslmode=prefer"
         );

@@ -28,7 +28,7 @@ impl Fetched {
 }
 
 pub struct Runtime {
-    pub client: redis::Client,
+    pub client: crate::redis_conn::Client,
     pub conn: Conn,
     pub identity: String,
     pub config: Config,

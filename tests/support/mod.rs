@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    extra: Vec<String>,
 }
 
 pub fn free_port() -> u16 {
@@ -27,9 +28,15 @@ pub fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// A server with extra arguments (e.g. `--replicaof 127.0.0.1 PORT`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
         let mut s = RedisServer {
             port: free_port(),
             child: None,
+            extra: extra.iter().map(|a| a.to_string()).collect(),
         };
         s.spawn();
         s
@@ -49,6 +56,7 @@ impl RedisServer {
                 "--daemonize",
                 "no",
             ])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -57,8 +65,11 @@ impl RedisServer {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(mut c) = self.client().get_connection() {
-                if redis::cmd("PING").query::<String>(&mut c).is_ok() {
-                    return;
+                match redis::cmd("PING").query::<String>(&mut c) {
+                    // NOAUTH: up, and started with --requirepass.
+                    Ok(_) => return,
+                    Err(e) if e.code() == Some("NOAUTH") => return,
+                    Err(_) => {}
                 }
             }
             assert!(
@@ -169,6 +180,11 @@ impl Worker {
         Self::start_at(&redis.url(), dir, sub, args, &[])
     }
 
+    /// Start `playguard <sub> -r <url>` (any URL form, e.g. redis-sentinel://).
+    pub fn start_url(url: &str, dir: &Path, sub: &str, args: &[&str]) -> Worker {
+        Self::start_at(url, dir, sub, args, &[])
+    }
+
     /// Start `playguard <sub> -r <url>` with extra environment variables.
     pub fn start_at(
         url: &str,
@@ -184,11 +200,17 @@ impl Worker {
             .current_dir(dir)
             .env("RUST_LOG", "info")
             .envs(env.iter().copied());
-        Worker::spawn_collecting(cmd)
+        Worker::spawn(&mut cmd)
     }
 
     /// Spawn `cmd` with its stdout and stderr lines collected.
     fn spawn_collecting(mut cmd: Command) -> Worker {
+        Self::spawn(&mut cmd)
+    }
+
+    /// Run `cmd` (a playguard command line, possibly wrapped, e.g. by `ip netns exec`), its
+    /// stdout and stderr lines collected.
+    pub fn spawn(cmd: &mut Command) -> Worker {
         let mut child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -394,8 +416,13 @@ pub fn scrape(port: u16) -> std::collections::BTreeMap<String, f64> {
 
 /// `playguard enqueue -r <redis> <args>...` with the real binary; returns the jid.
 pub fn enqueue(redis: &RedisServer, args: &[&str]) -> String {
+    enqueue_url(&redis.url(), args)
+}
+
+/// `playguard enqueue -r <url> <args>...` (any URL form); returns the jid.
+pub fn enqueue_url(url: &str, args: &[&str]) -> String {
     let out = Command::new(bin())
-        .args(["enqueue", "-r", &redis.url()])
+        .args(["enqueue", "-r", url])
         .args(args)
         .output()
         .expect("run playguard enqueue");
@@ -667,5 +694,88 @@ impl Worker {
             cmd.env(k, v);
         }
         Worker::spawn_collecting(cmd)
+    }
+}
+
+/// A redis-sentinel this test started (config file in its own temp dir), stopped by PID.
+pub struct SentinelServer {
+    pub port: u16,
+    child: Child,
+    password: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+impl SentinelServer {
+    /// Monitor `primary_port` on loopback as master `name` (quorum 2, down after 1 s).
+    pub fn start(name: &str, primary_port: u16) -> SentinelServer {
+        Self::start_with(name, primary_port, 2, "", None)
+    }
+
+    /// As `start`, with a quorum, extra config lines, and the sentinel's own password.
+    pub fn start_with(
+        name: &str,
+        primary_port: u16,
+        quorum: u32,
+        extra: &str,
+        password: Option<&str>,
+    ) -> SentinelServer {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {}\n\
+                 sentinel resolve-hostnames no\n\
+                 sentinel monitor {name} 127.0.0.1 {primary_port} {quorum}\n\
+                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 5000\n\
+                 sentinel parallel-syncs {name} 1\n{}{extra}",
+                dir.path().display(),
+                password
+                    .map(|p| format!("requirepass {p}\n"))
+                    .unwrap_or_default()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("redis-sentinel")
+            .arg(&conf)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-sentinel must be installed (apt-get install redis-sentinel)");
+        let s = SentinelServer {
+            port,
+            child,
+            password: password.map(str::to_string),
+            _dir: dir,
+        };
+        wait_until("redis-sentinel answers", Duration::from_secs(10), || {
+            s.conn()
+                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok())
+                .is_some()
+        });
+        s
+    }
+
+    pub fn conn(&self) -> Option<redis::Connection> {
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        let c = redis::Client::open(format!("redis://{auth}127.0.0.1:{}", self.port))
+            .ok()?
+            .get_connection()
+            .ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        Some(c)
+    }
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
