@@ -601,7 +601,8 @@ const WAIT_FOR_GO: &str = "#!/bin/sh\n\
 /// in the real Sidekiq::Web 6.4.1, against a real worker whose database-fenced cycle waits in
 /// its `apply` phase: the lock with its holder, phase, lease bar and PostgreSQL fence, the
 /// ledger's finished cycle, the page's refresh; without a database URL, the running cycle from
-/// Redis and a note saying so; after the cycle ends, no lock. Screenshot: playguard_tab.png.
+/// Redis and a note saying so; a key retaken behind its back, stale; after the cycle ends (lock
+/// lost), no lock and a lock_lost row. Screenshot: playguard_tab.png.
 #[test]
 fn playguard_tab_shows_the_running_cycle_and_the_ledger() {
     if !web_available() || !ruby_can("require 'pg'", "ruby-pg") {
@@ -744,13 +745,34 @@ run = ["jobs/bin/noop"]
     );
     drop(plain);
 
+    // Another token in the key (its lease retaken behind the holder's back): a stale row with
+    // no lease bar; the holder's renewal after the phase then ends the cycle as lock_lost.
+    redis::cmd("SET")
+        .arg("lock:marquee:7")
+        .arg("another-owner")
+        .arg("PX")
+        .arg(60_000)
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    web.page(
+        "/playguard",
+        &[
+            "<tr class=\"pg-lock pg-stale\">",
+            "class=\"pg-stale\">stale</span>",
+            "(0 held)",
+        ],
+    );
     p.write("7.go", "");
-    wait_until("Marquee 7 complete", Duration::from_secs(30), || {
-        outcomes("lock:marquee:7") == "complete"
+    wait_until("Marquee 7 lock_lost", Duration::from_secs(30), || {
+        outcomes("lock:marquee:7") == "lock_lost"
     });
     wait_until("the tab shows no lock", Duration::from_secs(30), || {
         web.page("/playguard", &[]).contains("No locks held.")
     });
+    web.page(
+        "/playguard",
+        &[">lock_lost</span>", "the key now holds another owner"],
+    );
     w.signal("TERM");
     assert_eq!(
         w.wait_exit(Duration::from_secs(30)),
