@@ -33,6 +33,10 @@ enum Cmd {
     /// Database helpers: `playguard db schema` prints the SQL of playguard's tables.
     #[command(subcommand)]
     Db(DbCmd),
+    /// List the locks workers hold: key, label, holder, jid, phase, held, left, fence.
+    Locks(LocksArgs),
+    /// List recent cycles from the ledger (PostgreSQL), or the running ones Redis knows.
+    Cycles(CyclesArgs),
 }
 
 #[derive(Subcommand)]
@@ -141,6 +145,35 @@ struct CheckArgs {
     database: DatabaseUrl,
 }
 
+#[derive(Args)]
+struct LocksArgs {
+    #[command(flatten)]
+    redis: RedisUrl,
+    /// With it, the fence shown is the running cycle's ledger fence.
+    #[command(flatten)]
+    database: DatabaseUrl,
+    /// One JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct CyclesArgs {
+    #[command(flatten)]
+    redis: RedisUrl,
+    #[command(flatten)]
+    database: DatabaseUrl,
+    /// Only the cycles of this lock key.
+    #[arg(long)]
+    key: Option<String>,
+    /// At most this many cycles, newest first.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    limit: u32,
+    /// One JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
 fn environment(flag: Option<String>) -> String {
     flag.or_else(|| {
         ["APP_ENV", "RAILS_ENV", "RACK_ENV"]
@@ -241,6 +274,24 @@ pub fn main_with(registry: Registry) -> i32 {
         Some(Cmd::Db(DbCmd::Schema)) => {
             print!("{}", crate::db::SCHEMA);
             0
+        }
+        Some(Cmd::Locks(a)) => {
+            let db = a.database.database_url.filter(|u| !u.is_empty());
+            runtime().block_on(crate::ops::locks::command(
+                &a.redis.url,
+                db.as_deref(),
+                a.json,
+            ))
+        }
+        Some(Cmd::Cycles(a)) => {
+            let db = a.database.database_url.filter(|u| !u.is_empty());
+            runtime().block_on(crate::ops::cycles::command(
+                &a.redis.url,
+                db.as_deref(),
+                a.key.as_deref(),
+                a.limit,
+                a.json,
+            ))
         }
     }
 }

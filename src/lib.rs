@@ -23,6 +23,7 @@ pub mod lock;
 pub mod logging;
 pub mod manifest;
 pub mod metrics;
+pub mod ops;
 pub mod payload;
 pub mod periodic;
 pub mod processor;

@@ -1,7 +1,8 @@
 //! A real Rails 6.1 app (generated offline by Debian's `rails new` into a temp dir) enqueues
 //! with ActiveJob's Sidekiq adapter and a stub `Sidekiq::Worker`; playguard runs the jobs under
-//! foreman from the app's Procfile, next to `web:`. Every snippet of README's "From your Rails
-//! app" section is one of the files or lines written here. Keys: `queue:myapp_playguard`,
+//! foreman from the app's Procfile, next to `web:`, whose Sidekiq::Web carries the Playguard
+//! tab. Every snippet of README's "From your Rails app" section (and the tab's routes.rb) is
+//! one of the files or lines written here. Keys: `queue:myapp_playguard`,
 //! `queue:playguard`, `schedule`, `processes` of the test's own redis-server.
 mod support;
 
@@ -43,6 +44,15 @@ Sidekiq::Client.push("class" => "PlayguardJob", "queue" => "playguard", "args" =
 
 const PROCFILE: &str = r#"web: bin/rails server -b 127.0.0.1 -p $PORT
 worker: playguard run -j playguard -q myapp_playguard -q playguard
+"#;
+
+/// README's "Playguard tab in the Web UI": the tab required next to sidekiq/web.
+const ROUTES: &str = r#"require "sidekiq/web"
+require "playguard/web" # registers the tab: Sidekiq::Web.register(PlayguardWeb)
+
+Rails.application.routes.draw do
+  mount Sidekiq::Web => "/sidekiq"
+end
 "#;
 
 const SIDEKIQ_YML: &str = r#":concurrency: 3
@@ -173,6 +183,16 @@ fn generate_app(root: &Path) -> std::path::PathBuf {
     )
     .unwrap();
     write(&app, "Procfile", PROCFILE);
+    // README: copy ruby/playguard/ into the app's lib/playguard/, require it in the routes.
+    for rel in ["web.rb", "views/playguard.erb"] {
+        let src = project_dir().join("ruby/playguard").join(rel);
+        write(
+            &app,
+            &format!("lib/playguard/{rel}"),
+            &std::fs::read_to_string(src).unwrap(),
+        );
+    }
+    write(&app, "config/routes.rb", ROUTES);
     write(
         &app,
         "script/enqueue.rb",
@@ -221,6 +241,19 @@ fn web_status(port: u16) -> Option<u16> {
     line.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// GET `path` (HTTP/1.0): (status, body).
+fn web_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, buf.split_once("\r\n\r\n")?.1.to_string()))
+}
+
 fn runs(app: &Path) -> Vec<(String, String, Value)> {
     std::fs::read_to_string(app.join("tmp/playguard-runs.tsv"))
         .unwrap_or_default()
@@ -249,6 +282,7 @@ fn a_rails_app_enqueues_and_playguard_under_foreman_runs_exactly_what_activejob_
         ("Procfile", PROCFILE),
         ("sidekiq.yml", SIDEKIQ_YML),
         ("manifest", MANIFEST),
+        ("routes.rb with the Playguard tab", ROUTES),
     ] {
         assert!(
             readme.contains(snippet),
@@ -381,6 +415,19 @@ fn a_rails_app_enqueues_and_playguard_under_foreman_runs_exactly_what_activejob_
     wait_until("web answers", Duration::from_secs(60), || {
         web_status(web_port) == Some(200)
     });
+    // The Playguard tab, mounted as README says, inside the app's own Sidekiq::Web.
+    let (status, body) = web_get(web_port, "/sidekiq/playguard").expect("GET /sidekiq/playguard");
+    assert_eq!(status, 200, "{body}");
+    for needle in [
+        "Playguard locks",
+        "href=\"/sidekiq/playguard\"",
+        "No database URL",
+    ] {
+        assert!(
+            body.contains(needle),
+            "/sidekiq/playguard lacks {needle:?}:\n{body}"
+        );
+    }
 
     let mut foreman = foreman;
     signal(foreman.0.id() as i32, "TERM");

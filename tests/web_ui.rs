@@ -1,7 +1,8 @@
 //! playguard as Sidekiq's own API and Web UI (ruby-sidekiq 6.4.1) see it: ProcessSet, Workers,
 //! Stats, remote quiet/stop, expiry after SIGKILL, and the real Sidekiq::Web rack app rendering
-//! /busy, /retries/<key> and /morgue for playguard's process and failures (plus one headless
-//! Chromium screenshot kept under target/test-artifacts/). Each test owns its redis-server.
+//! /busy, /retries/<key> and /morgue for playguard's process and failures, and the Playguard
+//! tab (ruby/playguard/web.rb) with a cycle running (headless Chromium screenshots kept under
+//! target/test-artifacts/). Each test owns its redis-server (and PostgreSQL cluster).
 mod support;
 
 use serde_json::Value;
@@ -396,11 +397,18 @@ struct WebServer {
 
 impl WebServer {
     fn start(redis: &RedisServer) -> WebServer {
+        WebServer::start_with(redis, &[])
+    }
+
+    /// With extra environment (PLAYGUARD_TAB=1 loads the Playguard tab; DATABASE_URL its ledger).
+    fn start_with(redis: &RedisServer, env: &[(&str, &str)]) -> WebServer {
         let port = free_port();
         let child = Command::new("ruby")
             .arg(project_dir().join("tests/web/serve.rb"))
             .env("PORT", port.to_string())
             .env("REDIS_URL", redis.url())
+            .env_remove("DATABASE_URL")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
@@ -581,4 +589,195 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
     );
     let body = web.page("/busy", &[]);
     assert!(!body.contains(&host_pid), "stopped process still on /busy");
+}
+
+/// A phase that touches `<name>.started`, then waits for `<name>.go`; `<name>` is args[0].
+const WAIT_FOR_GO: &str = "#!/bin/sh\n\
+    name=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[] \"' | cut -d, -f1)\n\
+    touch \"$name.started\"\n\
+    while [ ! -e \"$name.go\" ]; do sleep 0.02; done\n";
+
+/// The Playguard tab (ruby/playguard/web.rb, required next to sidekiq/web as a Rails app does)
+/// in the real Sidekiq::Web 6.4.1, against a real worker whose database-fenced cycle waits in
+/// its `apply` phase: the lock with its holder, phase, lease bar and PostgreSQL fence, the
+/// ledger's finished cycle, the page's refresh; without a database URL, the running cycle from
+/// Redis and a note saying so; a key retaken behind its back, stale; after the cycle ends (lock
+/// lost), no lock and a lock_lost row. Screenshot: playguard_tab.png.
+#[test]
+fn playguard_tab_shows_the_running_cycle_and_the_ledger() {
+    if !web_available() || !ruby_can("require 'pg'", "ruby-pg") {
+        return;
+    }
+    let redis = RedisServer::start();
+    let pg = PostgresServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/noop", "#!/bin/sh\n");
+    p.script("jobs/bin/wait", WAIT_FOR_GO);
+    p.write(
+        "jobs/app.toml",
+        r#"
+[[job]]
+class = "MarqueeCycle"
+lock = { key = "lock:marquee:{args.0}", ttl_secs = 30, label = "Marquee {args.0}", fence = "database" }
+[[job.phase]]
+name = "fetch"
+run = ["jobs/bin/noop"]
+[[job.phase]]
+name = "apply"
+run = ["jobs/bin/wait"]
+[[job.phase]]
+name = "publish"
+run = ["jobs/bin/noop"]
+"#,
+    );
+    let db = pg.url();
+    let mut w = Worker::start_with_env(
+        &redis,
+        p.path(),
+        &["-c", "2", "-t", "5"],
+        &[("DATABASE_URL", &db)],
+    );
+    let proc = wait_for_one_process(&redis);
+    let identity = proc["identity"].as_str().unwrap().to_string();
+    let host = proc["hostname"].as_str().unwrap().to_string();
+    let outcomes = |key: &str| {
+        pg.psql(&format!(
+        "SELECT string_agg(outcome, ',' ORDER BY id) FROM playguard_cycles WHERE lock_key = '{key}'"
+    ))
+    };
+    // One finished cycle in the ledger, then one left running in `apply`.
+    p.write("3.go", "");
+    enqueue(&redis, &["MarqueeCycle", "3"]);
+    wait_until("Marquee 3 complete", Duration::from_secs(30), || {
+        outcomes("lock:marquee:3") == "complete"
+    });
+    let jid = enqueue(&redis, &["MarqueeCycle", "7"]);
+    wait_until(
+        "Marquee 7 in its slow phase",
+        Duration::from_secs(30),
+        || p.path().join("7.started").exists(),
+    );
+    let fence = pg.psql("SELECT fence FROM playguard_fences WHERE lock_key = 'lock:marquee:7'");
+    let cycle_id = pg.psql("SELECT id FROM playguard_cycles WHERE lock_key = 'lock:marquee:7'");
+
+    let web = WebServer::start_with(&redis, &[("PLAYGUARD_TAB", "1"), ("DATABASE_URL", &db)]);
+    // The phase reaches the work hash at the worker's next heartbeat.
+    let mut body = String::new();
+    wait_until(
+        "the tab shows the apply phase",
+        Duration::from_secs(30),
+        || {
+            body = web.page("/playguard", &[]);
+            body.contains("<td>apply</td>")
+        },
+    );
+    for needle in [
+        "lock:marquee:7",
+        "Marquee 7",
+        &identity,
+        &host,
+        &jid,
+        "MarqueeCycle",
+        &fence,
+        &format!("ledger (cycle {cycle_id})"),
+        "class=\"pg-lease\"",
+        "lock:marquee:3",
+        ">complete</span>",
+        ">running</span>",
+        // Refreshes like the Busy page: its Live Poll button, and a reload every 5 s.
+        "live-poll",
+        "<meta http-equiv=\"refresh\" content=\"5\">",
+        // The tab in Sidekiq's nav bar.
+        "href=\"/playguard\"",
+    ] {
+        assert!(
+            body.contains(needle),
+            "/playguard lacks {needle:?}:\n{body}"
+        );
+    }
+    assert!(
+        !body.contains("pg-note"),
+        "the ledger was read, no note: {body}"
+    );
+    // The running ledger row names the phase its lock is in.
+    let running = body
+        .split("<tr class=\"pg-cycle\">")
+        .find(|r| r.contains(">running</span>"))
+        .unwrap_or_else(|| panic!("no running cycle row:\n{body}"));
+    assert!(
+        running.contains("<td>apply</td>") && running.contains(&jid),
+        "{running}"
+    );
+    // The lock's row: key, holder, phase and the PostgreSQL fence together.
+    let row = body
+        .split("<tr class=\"pg-lock pg-held\">")
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("no held lock row:\n{body}"));
+    for needle in [
+        "lock:marquee:7",
+        identity.as_str(),
+        "<td>apply</td>",
+        fence.as_str(),
+    ] {
+        assert!(row.contains(needle), "lock row lacks {needle:?}:\n{row}");
+    }
+    web.page("/busy", &[&jid, "Playguard"]);
+    let shot = artifacts_dir().join("playguard_tab.png");
+    screenshot(&format!("http://127.0.0.1:{}/playguard", web.port), &shot);
+
+    // No database URL: the running cycle from Redis, and a note saying why there is no more.
+    let plain = WebServer::start_with(&redis, &[("PLAYGUARD_TAB", "1")]);
+    let body = plain.page(
+        "/playguard",
+        &[
+            "lock:marquee:7",
+            &jid,
+            "<td>apply</td>",
+            "No database URL",
+            ">running</span>",
+            "Redis record",
+        ],
+    );
+    assert!(
+        !body.contains("lock:marquee:3"),
+        "no ledger without a database: {body}"
+    );
+    drop(plain);
+
+    // Another token in the key (its lease retaken behind the holder's back): a stale row with
+    // no lease bar; the holder's renewal after the phase then ends the cycle as lock_lost.
+    redis::cmd("SET")
+        .arg("lock:marquee:7")
+        .arg("another-owner")
+        .arg("PX")
+        .arg(60_000)
+        .query::<()>(&mut redis.conn())
+        .unwrap();
+    web.page(
+        "/playguard",
+        &[
+            "<tr class=\"pg-lock pg-stale\">",
+            "class=\"pg-stale\">stale</span>",
+            "(0 held)",
+        ],
+    );
+    p.write("7.go", "");
+    wait_until("Marquee 7 lock_lost", Duration::from_secs(30), || {
+        outcomes("lock:marquee:7") == "lock_lost"
+    });
+    wait_until("the tab shows no lock", Duration::from_secs(30), || {
+        web.page("/playguard", &[]).contains("No locks held.")
+    });
+    web.page(
+        "/playguard",
+        &[">lock_lost</span>", "the key now holds another owner"],
+    );
+    w.signal("TERM");
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        w.output()
+    );
 }

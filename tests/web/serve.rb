@@ -1,12 +1,17 @@
 # Serves the real Sidekiq Web (ruby-sidekiq 6.4.1) for tests/web_ui.rs on 127.0.0.1:$PORT,
 # reading the test's private Redis at $REDIS_URL. Rack 2.2's WEBrick handler (Debian
-# ruby-webrick) keeps this to Debian packages only.
+# ruby-webrick) keeps this to Debian packages only. With PLAYGUARD_TAB=1 the shipped
+# ruby/playguard/web.rb is required as a Rails app would (its ledger: $DATABASE_URL).
 require "securerandom"
 require "sidekiq"
 require "sidekiq/web"
 require "rack"
 require "rack/session/cookie"
 require "rack/handler/webrick"
+if ENV["PLAYGUARD_TAB"] == "1"
+  $LOAD_PATH.unshift File.expand_path("../../ruby", __dir__)
+  require "playguard/web"
+end
 
 Sidekiq.configure_client { |c| c.redis = {url: ENV.fetch("REDIS_URL")} }
 Sidekiq.logger.level = Logger::WARN
