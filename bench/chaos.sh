@@ -213,9 +213,19 @@ pending() {
   for k in $(rcli --scan --pattern 'playguard:working:*'); do n=$((n + $(rcli LLEN "$k"))); done
   echo "$n"
 }
-drain_deadline=$(( $(date +%s) + 120 + secs / 4 ))
-while [ "$(pending)" != 0 ] && [ "$(date +%s)" -lt "$drain_deadline" ]; do sleep 1; done
+# Drain for as long as the fleet makes progress: give up after 60 s without any, or 15 min.
+last=$(pending); idle_since=$(date +%s); drain_cap=$(( idle_since + 900 ))
+while n=$(pending); [ "$n" != 0 ]; do
+  now=$(date +%s)
+  if [ "$n" -lt "$last" ]; then last=$n; idle_since=$now; fi
+  { [ $((now - idle_since)) -lt 60 ] && [ "$now" -lt "$drain_cap" ]; } || break
+  sleep 1
+done
 left_in_redis=$(pending)
+# What is still in Redis is not lost, only not run yet: the checker lists it apart.
+{ rcli LRANGE queue:default 0 -1; rcli ZRANGE schedule 0 -1
+  for k in $(rcli --scan --pattern 'playguard:working:*'); do rcli LRANGE "$k" 0 -1; done
+} | grep -o '"jid":"[0-9a-f]*"' | cut -d'"' -f4 | sort -u >"$tmp/remaining" || true
 rss_end="$(rss_all)"
 for i in $(seq 0 $((WORKERS - 1))); do kill -TERM "${wpid[$i]}"; done
 for i in $(seq 0 $((WORKERS - 1))); do wait "${wpid[$i]}" 2>/dev/null || true; done
@@ -243,7 +253,8 @@ echo "left in Redis (queue, schedule, working lists): $left_in_redis; retry: $re
 echo "processes left behind: $left_procs"
 status=0
 awk -v left_procs="$left_procs" -v left_redis="$left_in_redis" \
-  -f "$here/chaos_check.awk" "$tmp/enqueued" "$tmp/uncertain" "$tmp/skipped" "$proj/ledger" \
+  -f "$here/chaos_check.awk" "$tmp/enqueued" "$tmp/uncertain" "$tmp/skipped" \
+  "$tmp/remaining" "$proj/ledger" \
   || status=$?
 if [ "$status" = 0 ]; then rm -rf "$tmp"; else echo "ledger and logs kept in $tmp" >&2; fi
 exit "$status"

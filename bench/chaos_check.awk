@@ -3,17 +3,21 @@
 #   uncertain  same format: pushes whose reply was lost (they may or may not have landed)
 #   skipped    "<jid>" of Marquee jobs a worker skipped because a live holder had the lock, or
 #              aborted because its lock was lost (both by design: the next tick reconciles)
+#   remaining  "<jid>" of jobs still in Redis when the drain gave up (not lost, not run yet)
 #   ledger     "P <jid>" per finished plain job;
 #              "S|E|D <marquee> <fence> <start_us> <end_us> <worker> <jid> <phase>" per phase:
 #              S at its start (with the planned end), E at its own end, D from a watcher once
 #              the phase's process is gone (a KILLed phase has no E line; its end is D's)
 # Overlap: two phase executions of one Marquee by different acquisitions overlapping in time.
+# An acquisition is its fence and jid (a phase's worker pid is not: a phase started while its
+# worker was dying sees pid 1 as its shepherd's parent).
 # Fences: by start time, a Marquee's fence never goes down, and one fence is one holder.
 # Lost: a job Redis accepted that never ran (plain: no P line; Marquee: no phase started, not
 # skipped beside a live holder). Pass -v left_procs=N -v left_redis=N.
 FILENAME == ARGV[1] { kind[$2] = $1; next }
 FILENAME == ARGV[2] { uncertain[$2] = 1; next }
 FILENAME == ARGV[3] { skipped[$1] = 1; next }
+FILENAME == ARGV[4] { remaining[$1] = 1; next }
 $1 == "P" { runs[$2]++; plain_runs++; next }
 $1 == "S" { n++; sm[n] = $2; sf[n] = $3; ss[n] = $4; se[n] = $5; sw[n] = $6; sj[n] = $7; sp[n] = $8
             started[$7] = 1; next }
@@ -28,14 +32,14 @@ END {
     else if (k in gone) { e = gone[k]; killed++ }
     else { e = se[i]; unseen++ }
     print sm[i], ss[i], e, sf[i], sw[i], sj[i] > f
-    if (sp[i] == "sync") { cycles[sj[i] SUBSEP sf[i] SUBSEP sw[i]] = 1; acq[sj[i]]++ }
+    if (sp[i] == "sync") { cycles[sj[i] SUBSEP sf[i]] = 1; acq[sj[i]]++ }
   }
   close(f)
   overlaps = 0; fences_bad = 0; prev_m = ""
   cmd = "sort -k1,1n -k2,2n " f
   while ((cmd | getline line) > 0) {
     split(line, x, " ")
-    m = x[1]; s = x[2] + 0; e = x[3] + 0; fence = x[4] + 0; holder = x[4] " " x[5] " " x[6]
+    m = x[1]; s = x[2] + 0; e = x[3] + 0; fence = x[4] + 0; holder = x[4] " " x[6]
     if (m != prev_m) { prev_m = m; max_end = -1; max_holder = ""; last_fence = -1; last_holder = "" }
     else {
       if (s < max_end && holder != max_holder) {
@@ -55,10 +59,12 @@ END {
   for (j in kind) {
     jobs++
     if (kind[j] == "plain") {
-      if (!(j in runs)) { lost++; if (lost <= 5) print "LOST plain job " j }
+      if (j in remaining) still++
+      else if (!(j in runs)) { lost++; if (lost <= 5) print "LOST plain job " j }
       else if (runs[j] > 1) dup_plain++
     } else {
-      if (!(j in started) && !(j in skipped)) { lost++; if (lost <= 5) print "LOST marquee job " j }
+      if (j in remaining) still++
+      else if (!(j in started) && !(j in skipped)) { lost++; if (lost <= 5) print "LOST marquee job " j }
       if (acq[j] > 1) dup_marquee++
     }
   }
@@ -72,6 +78,7 @@ END {
   printf "overlapping holders of one Marquee: %d (must be 0)\n", overlaps
   printf "fences not increasing: %d (must be 0)\n", fences_bad
   printf "jobs lost: %d (must be 0)\n", lost
+  printf "jobs still in Redis when the drain gave up: %d (must be 0)\n", still + 0
   printf "processes left behind: %d (must be 0)\n", left_procs
   ok = (overlaps == 0 && fences_bad == 0 && lost == 0 && left_procs == 0 && left_redis == 0)
   print (ok ? "chaos: PASS" : "chaos: FAIL")
