@@ -48,8 +48,8 @@ enum DbCmd {
 /// `--database-url`, shared by `run` and `check`. The env value is never shown in --help.
 #[derive(Args, Clone, Default)]
 struct DatabaseUrl {
-    /// PostgreSQL URL (postgres://user:password@host/db?sslmode=disable|prefer): fences for
-    /// `fence = "database"` locks and the cycle ledger.
+    /// PostgreSQL URL (postgres://user:password@host/db?sslmode=require, any libpq sslmode):
+    /// fences for `fence = "database"` locks and the cycle ledger.
     #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
 }

@@ -6,13 +6,16 @@
 //! Each statement playguard sends is a single statement (no open transaction spans two
 //! calls), so one connection can carry the statements of several cycles at once; the pool
 //! only spreads them over a few server backends.
+//!
+//! TLS (`sslmode`, `sslrootcert`) as libpq understands it is set up by `db_tls`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::config::SslMode;
+use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, NoTls, Row};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Server-side limit of every statement, set on each connection.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -76,6 +79,8 @@ pub struct Db {
 
 struct Inner {
     config: tokio_postgres::Config,
+    /// `None`: plain TCP (sslmode=disable, or a Unix socket).
+    tls: Option<MakeRustlsConnect>,
     slots: Vec<tokio::sync::Mutex<Option<Arc<Client>>>>,
     next: AtomicUsize,
     shown: String,
@@ -97,9 +102,23 @@ fn pg_message(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{}: {}", db.severity(), db.message());
     }
-    match std::error::Error::source(e) {
+    let text = match std::error::Error::source(e) {
         Some(cause) => format!("{e}: {cause}"),
         None => e.to_string(),
+    };
+    match crate::db_tls::hint(e) {
+        Some(hint) => format!("{text} ({hint})"),
+        None => text,
+    }
+}
+
+/// Carry a connection's traffic until it closes.
+async fn drive<F>(connection: F)
+where
+    F: std::future::Future<Output = Result<(), tokio_postgres::Error>>,
+{
+    if let Err(e) = connection.await {
+        tracing::debug!(error = %e, "PostgreSQL connection closed");
     }
 }
 
@@ -108,14 +127,23 @@ impl Db {
     /// process's identity, written with every acquisition.
     pub fn new(url: &str, holder: &str) -> Result<Db, DbError> {
         let shown = crate::redact::url(url);
-        let mut config: tokio_postgres::Config = url
+        let bad = |e: String| DbError::Config(format!("database URL {shown}: {e}"));
+        let env = |k: &str| std::env::var(k).ok();
+        let (rest, tls) = crate::db_tls::split_url(url, &env).map_err(bad)?;
+        let mut config: tokio_postgres::Config = rest
             .parse()
             .map_err(|e| DbError::Config(format!("bad database URL {shown}: {e}")))?;
-        if config.get_ssl_mode() == SslMode::Require {
-            return Err(DbError::Config(format!(
-                "database URL {shown}: sslmode=require is not supported; playguard connects without TLS (sslmode=disable or prefer)"
-            )));
-        }
+        // libpq uses no TLS on a Unix socket, whatever sslmode says; tokio-postgres would
+        // ask the server for it and fail under require.
+        let hosts = config.get_hosts();
+        let unix_only = !hosts.is_empty() && hosts.iter().all(|h| matches!(h, Host::Unix(_)));
+        let connector = if unix_only {
+            config.ssl_mode(SslMode::Disable);
+            None
+        } else {
+            config.ssl_mode(tls.mode.pg_mode());
+            tls.connector().map_err(bad)?
+        };
         // The user's own `options` are kept; ours are added after them.
         let options = format!(
             "{} -c statement_timeout={}",
@@ -131,6 +159,7 @@ impl Db {
         Ok(Db {
             inner: Arc::new(Inner {
                 config,
+                tls: connector,
                 slots: (0..POOL_SIZE)
                     .map(|_| tokio::sync::Mutex::new(None))
                     .collect(),
@@ -151,12 +180,19 @@ impl Db {
     }
 
     async fn connect(&self) -> Result<Arc<Client>, DbError> {
-        let (client, connection) = self.inner.config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "PostgreSQL connection closed");
+        let config = &self.inner.config;
+        let client = match &self.inner.tls {
+            None => {
+                let (client, connection) = config.connect(NoTls).await?;
+                tokio::spawn(drive(connection));
+                client
             }
-        });
+            Some(tls) => {
+                let (client, connection) = config.connect(tls.clone()).await?;
+                tokio::spawn(drive(connection));
+                client
+            }
+        };
         Ok(Arc::new(client))
     }
 
@@ -245,11 +281,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn require_tls_is_refused_and_bad_urls_hide_the_password() {
-        let e = Db::new("postgres://u:pw@h/d?sslmode=require", "id").unwrap_err();
-        assert!(e.to_string().contains("sslmode=require"), "{e}");
+    fn tls_modes_are_accepted_and_bad_urls_hide_the_password() {
+        for mode in ["disable", "allow", "prefer", "require"] {
+            let db = Db::new(&format!("postgres://u:pw@h/d?sslmode={mode}"), "id").unwrap();
+            assert_eq!(db.inner.tls.is_none(), mode == "disable", "{mode}");
+        }
+        // libpq: nothing to verify against is an error, and it names no password.
+        let e = Db::new("postgres://u:pw@h/d?sslmode=verify-full", "id").unwrap_err();
+        assert!(e.to_string().contains("sslrootcert"), "{e}");
+        assert!(!e.to_string().contains("pw"), "{e}");
+        let e = Db::new("postgres://u:pw@h/d?sslmode=always", "id").unwrap_err();
+        assert!(!e.to_string().contains("pw"), "{e}");
         let e = Db::new("postgres://u:pw@h:notaport/d", "id").unwrap_err();
         assert!(!e.to_string().contains("pw"), "{e}");
-        assert!(Db::new("postgres://u:pw@h/d?sslmode=prefer", "id").is_ok());
+        // A Unix socket never uses TLS, as with libpq.
+        let db = Db::new("postgres://u@%2Frun%2Fpostgresql/d?sslmode=require", "id").unwrap();
+        assert!(db.inner.tls.is_none());
     }
 }

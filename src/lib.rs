@@ -10,6 +10,7 @@ pub mod command;
 pub mod command_job;
 pub mod config;
 pub mod db;
+pub mod db_tls;
 pub mod enqueue;
 pub mod fence_store;
 pub mod fetch;

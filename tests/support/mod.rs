@@ -458,6 +458,8 @@ pub struct PostgresServer {
     dir: tempfile::TempDir,
     bindir: PathBuf,
     child: Option<Child>,
+    /// Started by [`PostgresServer::start_tls`]: plain TCP is refused.
+    tls: bool,
 }
 
 /// Where initdb and postgres live: on PATH, else `pg_config --bindir`, else the newest
@@ -518,6 +520,68 @@ fn pg_command(bin: &Path, args: &[&str]) -> Command {
 
 impl PostgresServer {
     pub fn start() -> PostgresServer {
+        let mut s = Self::init();
+        s.spawn();
+        s
+    }
+
+    /// A server that speaks TLS with a certificate from a throwaway CA ([`Self::ca_path`])
+    /// whose subjectAltName is `sans` (say `"IP:127.0.0.1,DNS:localhost"`), and whose
+    /// pg_hba.conf accepts TCP only over TLS (`hostssl`): a plain connection is refused, so a
+    /// client that gets in used TLS. psql reaches it over the Unix socket.
+    pub fn start_tls(sans: &str) -> PostgresServer {
+        use std::io::Write as _;
+        let mut s = Self::init();
+        let dir = s.dir.path();
+        make_ca(dir, "ca");
+        make_server_cert(dir, "ca", "server", sans);
+        let key = dir.join("server.key");
+        if running_as_root() {
+            let st = Command::new("chown")
+                .arg("nobody:nogroup")
+                .arg(&key)
+                .status()
+                .unwrap();
+            assert!(st.success(), "chown the server key");
+        }
+        // PostgreSQL refuses a key file others can read.
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let data = dir.join("data");
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap();
+        writeln!(
+            conf,
+            "ssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'",
+            dir.join("server.crt").display(),
+            key.display()
+        )
+        .unwrap();
+        std::fs::write(
+            data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .unwrap();
+        s.tls = true;
+        s.spawn();
+        s
+    }
+
+    /// Replace pg_hba.conf and restart, so the next connection meets the new rules.
+    pub fn set_hba_and_restart(&mut self, content: &str) {
+        std::fs::write(self.dir.path().join("data/pg_hba.conf"), content).unwrap();
+        self.restart();
+    }
+
+    /// The PEM file of the CA that signed a [`Self::start_tls`] server's certificate.
+    pub fn ca_path(&self) -> PathBuf {
+        self.dir.path().join("ca.crt")
+    }
+
+    /// initdb in a fresh temp dir (owned by the server's user), not started.
+    fn init() -> PostgresServer {
         let bindir = pg_bindir();
         let dir = tempfile::tempdir().unwrap();
         if running_as_root() {
@@ -551,14 +615,13 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut s = PostgresServer {
+        PostgresServer {
             port: free_port(),
             dir,
             bindir,
             child: None,
-        };
-        s.spawn();
-        s
+            tls: false,
+        }
     }
 
     fn spawn(&mut self) {
@@ -606,11 +669,27 @@ impl PostgresServer {
         )
     }
 
-    /// Run SQL through psql; stdout (unaligned, tuples only) or the error text.
+    /// `postgres://postgres@HOST:PORT/postgres?PARAMS` (for TLS tests: the host name decides
+    /// what the certificate must name).
+    pub fn url_with(&self, host: &str, params: &str) -> String {
+        format!("postgres://postgres@{host}:{}/postgres?{params}", self.port)
+    }
+
+    /// Run SQL through psql (over TCP, or the Unix socket for a TLS server, whose TCP port
+    /// wants TLS); stdout (unaligned, tuples only) or the error text.
     pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        let target = if self.tls {
+            format!(
+                "host={} port={} user=postgres dbname=postgres",
+                self.dir.path().display(),
+                self.port
+            )
+        } else {
+            self.url()
+        };
         let out = Command::new("psql")
             .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-d"])
-            .arg(self.url())
+            .arg(target)
             .args(["-c", sql])
             .output()
             .map_err(|e| format!("psql: {e}"))?;
@@ -647,6 +726,98 @@ impl PostgresServer {
         self.stop();
         self.spawn();
     }
+}
+
+/// `openssl` in `dir`; panics with its error output.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A throwaway CA in `dir`: `NAME.key` and `NAME.crt` (P-256, valid two days).
+pub fn make_ca(dir: &Path, name: &str) -> PathBuf {
+    let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
+    let subject = format!("/CN=playguard-test-{name}");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-subj",
+            &subject,
+        ],
+    );
+    dir.join(crt)
+}
+
+/// `NAME.key` and `NAME.crt` in `dir`, signed by the CA `ca` (see [`make_ca`]), for the names
+/// in `sans` (`"IP:127.0.0.1,DNS:localhost"`).
+pub fn make_server_cert(dir: &Path, ca: &str, name: &str, sans: &str) -> PathBuf {
+    let (key, csr, crt, ext) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+        format!("{name}.ext"),
+    );
+    let (ca_crt, ca_key) = (format!("{ca}.crt"), format!("{ca}.key"));
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            "/CN=playguard-test-server",
+        ],
+    );
+    std::fs::write(dir.join(&ext), format!("subjectAltName={sans}\n")).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &ca_crt,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-out",
+            &crt,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ],
+    );
+    dir.join(crt)
 }
 
 impl Drop for PostgresServer {
