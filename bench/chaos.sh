@@ -163,8 +163,16 @@ redis_up=1
 t0=$(date +%s); end=$((t0 + secs)); next_round=$t0; next_fault=$((t0 + 3))
 fault=""; fault_end=0; victim=""
 order=(1 0 2 1 3 0 4)   # 0 kill, 1 stop, 2 Redis pause, 3 Redis restart, 4 rolling TERM
+w_exited=0
 while [ "$(date +%s)" -lt "$end" ]; do
   now=$(date +%s)
+  # A worker must never exit by itself (not even when Redis restarts or loads its data).
+  for i in $(seq 0 $((WORKERS - 1))); do
+    if ! kill -0 "${wpid[$i]}" 2>/dev/null; then
+      w_exited=$((w_exited + 1)); echo "worker $i (pid ${wpid[$i]}) exited by itself" >&2
+      wait "${wpid[$i]}" 2>/dev/null || true; start_worker "$i"
+    fi
+  done
   if [ "$redis_up" = 1 ]; then
     if [ "$now" -ge "$next_round" ]; then push_marquees; next_round=$((now + ROUND_SECS)); fi
     args=(); for _ in $(seq 1 $PLAIN_PER_TICK); do args+=(-); done
@@ -251,10 +259,12 @@ echo "faults injected: $faults (worker SIGKILL $f_kill, worker SIGSTOP $f_stop, 
 echo "worker RSS KB at start:$rss_start; at end:$rss_end"
 echo "left in Redis (queue, schedule, working lists): $left_in_redis; retry: $retry_n; dead: $dead_n"
 echo "processes left behind: $left_procs"
+echo "workers that exited by themselves: $w_exited (must be 0)"
 status=0
 awk -v left_procs="$left_procs" -v left_redis="$left_in_redis" \
   -f "$here/chaos_check.awk" "$tmp/enqueued" "$tmp/uncertain" "$tmp/skipped" \
   "$tmp/remaining" "$proj/ledger" \
   || status=$?
+[ "$w_exited" = 0 ] || { echo "chaos: FAIL (a worker exited by itself)"; status=1; }
 if [ "$status" = 0 ]; then rm -rf "$tmp"; else echo "ledger and logs kept in $tmp" >&2; fi
 exit "$status"

@@ -182,6 +182,38 @@ pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
     }
 }
 
+/// How long a starting process waits for a Redis that answers `LOADING`.
+const LOADING_WAIT: Duration = Duration::from_secs(300);
+
+/// Connect and PING. A Redis that answers `LOADING` (restarted, reading its dataset back) is
+/// there and about to serve: wait for it rather than exit as if it were unreachable, since
+/// under foreman one process that exits stops the whole Procfile.
+async fn reach_redis(
+    client: &crate::redis_conn::Client,
+    url: &str,
+) -> redis::RedisResult<crate::redis_conn::Conn> {
+    let started = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let attempt = async {
+            let mut conn = crate::redis_conn::shared(client).await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            Ok::<_, redis::RedisError>(conn)
+        }
+        .await;
+        match attempt {
+            Err(e) if e.code() == Some("LOADING") && started.elapsed() < LOADING_WAIT => {
+                if !told {
+                    tracing::warn!(redis = %url, "Redis is loading its dataset; waiting for it");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Classes with `fence = "database"` need a database URL: refuse to start without one.
 pub fn check_database_needs(
     database_url: Option<&str>,
@@ -248,13 +280,7 @@ pub async fn run_with(
     // A URL that does not parse is a configuration error, not an unreachable server.
     let client = crate::redis_conn::client(&config.redis_url)
         .map_err(|e| StartError::Config(format!("bad Redis URL {url:?}: {e}")))?;
-    let mut conn = crate::redis_conn::shared(&client)
-        .await
-        .map_err(redis_err)?;
-    redis::cmd("PING")
-        .query_async::<()>(&mut conn)
-        .await
-        .map_err(redis_err)?;
+    let mut conn = reach_redis(&client, &url).await.map_err(redis_err)?;
     let version = crate::redis_conn::check_server(&mut conn)
         .await
         .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
