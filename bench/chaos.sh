@@ -183,19 +183,19 @@ while [ "$(date +%s)" -lt "$end" ]; do
     # Every kind comes up in each run of seven faults (the 60 s mode sees each at least once).
     case ${order[$(( (faults - 1) % ${#order[@]} ))]} in
       0) victim=$((RANDOM % WORKERS)); f_kill=$((f_kill + 1))
-         kill -KILL "${wpid[$victim]}"; wait "${wpid[$victim]}" 2>/dev/null || true
+         kill -KILL "${wpid[$victim]}" 2>/dev/null || true; wait "${wpid[$victim]}" 2>/dev/null || true
          start_worker "$victim"; fault_end=$now ; fault=kill ;;
       1) victim=$((RANDOM % WORKERS)); f_stop=$((f_stop + 1))
          # past its 3 s lock leases; every other time past the 15 s liveness TTL as well
          if [ $((f_stop % 2)) = 1 ]; then d=$((16 + RANDOM % 5)); else d=$((4 + RANDOM % 4)); fi
-         kill -STOP "${wpid[$victim]}"; fault_end=$((now + d)); fault=stop ;;
+         kill -STOP "${wpid[$victim]}" 2>/dev/null || true; fault_end=$((now + d)); fault=stop ;;
       2) f_rpause=$((f_rpause + 1)); redis_up=0
          kill -STOP "$redis_pid"; fault_end=$((now + 2 + RANDOM % 7)); fault=rpause ;;
       3) f_rrestart=$((f_rrestart + 1)); redis_up=0
          stop_redis; sleep 1; start_redis; redis_up=1; fault_end=$now; fault=rrestart ;;
       4) f_rolling=$((f_rolling + 1))
          for i in $(seq 0 $((WORKERS - 1))); do
-           kill -TERM "${wpid[$i]}"; wait "${wpid[$i]}" 2>/dev/null || true; start_worker "$i"
+           kill -TERM "${wpid[$i]}" 2>/dev/null || true; wait "${wpid[$i]}" 2>/dev/null || true; start_worker "$i"
          done
          fault_end=$now; fault=rolling ;;
     esac
