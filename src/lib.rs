@@ -3,6 +3,25 @@
 //! The Rails app enqueues with the real Sidekiq gem; playguard fetches from the same Redis
 //! keys (`queue:<q>`, `schedule`, `retry`, `dead`, `processes`, `stat:*`), runs Rust handlers or
 //! manifest command jobs, and retries them the way Sidekiq's `job_retry.rb` does.
+//!
+//! # Layout
+//!
+//! (ARCHITECTURE.md has the picture: tasks, the path of one job, who owns which key.)
+//!
+//! - Start and stop: `cli` (flags) → `config` → `launcher` (builds the `runtime`, starts the
+//!   loops, runs the one-way shutdown of `shutdown`).
+//! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
+//!   registry) → `command_job` / `reconcile` → outcome via `retry` and `acker`.
+//! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml).
+//! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
+//!   and `db` / `db_tls` (PostgreSQL).
+//! - Liveness and recovery: `heartbeat` (Sidekiq's process keys), `liveness` (our lease),
+//!   `sweeper` (orphaned jobs and dead holders' locks), `work` (the slot table).
+//! - Side loops: `scheduled` (retry and schedule sets), `periodic` (the fan-out),
+//!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus endpoint).
+//! - Connections: `redis_conn` (shared and blocking connections), `sentinel`.
+//! - Clients of the same keys: `enqueue`, `ops` (`playguard locks`, `playguard cycles`).
+//! - `logging`, `redact` (no secret in any printed line).
 
 pub mod acker;
 pub mod cli;
