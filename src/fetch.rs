@@ -1,6 +1,7 @@
 //! Fetching: Sidekiq's strict / weighted queue order, then either reliable fetch (a Lua script
 //! moves up to N jobs from `queue:<q>` into `playguard:working:<identity>:<q>`, and idle waits
-//! use BLMOVE into the same lists) or basic fetch (BRPOP, as Sidekiq OSS).
+//! use BLMOVE into the same lists) or basic fetch (the same script without working lists while
+//! the queues are busy, BRPOP when they are empty, as Sidekiq OSS).
 //!
 //! Blocking commands run on connections of their own, one command at a time, and are never
 //! dropped mid-flight: to stop waiting we send `CLIENT UNBLOCK <id>` from the shared
@@ -217,29 +218,37 @@ async fn unblock(rt: &Runtime, blockers: &[Blocker]) {
     }
 }
 
-/// Move up to `n` jobs in one script call (reliable fetch).
+/// Move up to `n` jobs in one script call: into our working lists (reliable fetch), or just
+/// popped (basic fetch, which then costs one round trip per batch rather than one BRPOP per
+/// job while the queues are busy).
 async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>> {
     let order = rt.config.queues.order();
     let mut inv = FETCH.prepare_invoke();
     for q in &order {
         inv.key(format!("queue:{q}"));
     }
-    for q in &order {
-        inv.key(rt.working_key(q));
+    if rt.reliable() {
+        for q in &order {
+            inv.key(rt.working_key(q));
+        }
     }
-    inv.arg(n.min(MAX_BATCH));
+    inv.arg(n.min(MAX_BATCH))
+        .arg(if rt.reliable() { "0" } else { "1" });
     let mut conn = rt.conn.clone();
     let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
     let mut out = Vec::with_capacity(flat.len() / 2);
-    for pair in flat.chunks(2) {
-        if let [idx, job] = pair {
-            let i: usize = redis::from_redis_value_ref(idx)?;
-            let raw: Vec<u8> = redis::from_redis_value_ref(job)?;
-            out.push(Fetched {
-                queue: order[i - 1].clone(),
-                raw,
-            });
-        }
+    let mut it = flat.into_iter();
+    while let (Some(idx), Some(job)) = (it.next(), it.next()) {
+        let i: usize = redis::from_redis_value_ref(&idx)?;
+        // The reply's own buffer becomes the job's bytes: no copy per job.
+        let raw: Vec<u8> = match job {
+            redis::Value::BulkString(b) => b,
+            other => redis::from_redis_value_ref(&other)?,
+        };
+        out.push(Fetched {
+            queue: order[i - 1].clone(),
+            raw,
+        });
     }
     Ok(out)
 }
@@ -321,23 +330,24 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
             idle = false;
             continue;
         }
-        if rt.reliable() {
-            match fetch_batch(&rt, free).await {
-                Ok(v) if !v.is_empty() => {
-                    rt.metrics.fetch_batch(v.len());
-                    pending = v;
-                    pending.reverse(); // popped from the end: keep fetch order
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    // The script may have run even though its reply was lost.
-                    suspect = true;
-                    tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
-                    tokio::select! {
-                        _ = tokio::time::sleep(ERROR_PAUSE) => continue,
-                        _ = rt.shutdown.quieted() => break,
-                    }
+        // Queues busy: take what the free slots can run in one script call. Only when that
+        // finds nothing do we block (below).
+        match fetch_batch(&rt, free).await {
+            Ok(v) if !v.is_empty() => {
+                rt.metrics.fetch_batch(v.len());
+                idle = false;
+                pending = v;
+                pending.reverse(); // popped from the end: keep fetch order
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Reliable: the script may have run even though its reply was lost.
+                suspect |= rt.reliable();
+                tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
+                tokio::select! {
+                    _ = tokio::time::sleep(ERROR_PAUSE) => continue,
+                    _ = rt.shutdown.quieted() => break,
                 }
             }
         }

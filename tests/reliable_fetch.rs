@@ -362,3 +362,126 @@ fn basic_fetch_is_plain_brpop() {
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
     assert_eq!(lines(&p, "ledger.txt").len(), 20);
 }
+
+fn calls(redis: &RedisServer, cmd: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+fn working(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    redis::cmd("LRANGE").arg(key).arg(0).arg(-1).query(c).unwrap()
+}
+
+/// lua/fetch.lua moves a batch with one LPUSH per queue, oldest job rightmost (the order the
+/// orphan sweep relies on), in queue order; basic mode (ARGV[2] = '1') only pops.
+#[test]
+fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let fetch = redis::Script::new(include_str!("../lua/fetch.lua"));
+    // LPUSH as the client does: a0 is the oldest of queue:a.
+    for (q, jobs) in [("a", vec!["a0", "a1", "a2"]), ("b", vec!["b0", "b1"])] {
+        for j in jobs {
+            let _: () = redis::cmd("LPUSH")
+                .arg(format!("queue:{q}"))
+                .arg(j)
+                .query(&mut c)
+                .unwrap();
+        }
+    }
+    let before = calls(&redis, "lpush");
+    let got: Vec<redis::Value> = fetch
+        .key("queue:a")
+        .key("queue:b")
+        .key("w:a")
+        .key("w:b")
+        .arg(4)
+        .arg("0")
+        .invoke(&mut c)
+        .unwrap();
+    let got: Vec<(i64, String)> = got
+        .chunks(2)
+        .map(|p| {
+            (
+                redis::from_redis_value_ref(&p[0]).unwrap(),
+                redis::from_redis_value_ref(&p[1]).unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(i64, String)> = [(1, "a0"), (1, "a1"), (1, "a2"), (2, "b0")]
+        .iter()
+        .map(|(i, j)| (*i, j.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(calls(&redis, "lpush") - before, 2, "one LPUSH per queue");
+    assert_eq!(working(&mut c, "w:a"), ["a2", "a1", "a0"]);
+    assert_eq!(working(&mut c, "w:b"), ["b0"]);
+    // Basic: popped, no working list.
+    let got: Vec<redis::Value> = fetch
+        .key("queue:a")
+        .key("queue:b")
+        .arg(5)
+        .arg("1")
+        .invoke(&mut c)
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    assert_eq!(redis::from_redis_value_ref::<String>(&got[1]).unwrap(), "b1");
+    assert_eq!(working(&mut c, "w:b"), ["b0"]);
+}
+
+/// lua/ack.lua removes exactly the finished jobs: a batch that is the list's tail (the usual
+/// case: jobs finish in fetch order) goes with one LTRIM and no LREM; jobs that overtook older
+/// ones, byte-identical duplicates and payloads no longer there are handled one by one.
+#[test]
+fn ack_script_removes_exactly_the_finished_jobs() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let ack = redis::Script::new(include_str!("../lua/ack.lua"));
+    let k = "playguard:working:test:default";
+    let other = "playguard:working:test:other";
+    let _: () = redis::cmd("LPUSH")
+        .arg(k)
+        .arg(&["j0", "j1", "dup", "dup", "j4", "j5"])
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("LPUSH")
+        .arg(other)
+        .arg(&["o0", "o1"])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(working(&mut c, k), ["j5", "j4", "dup", "dup", "j1", "j0"]);
+    // The two oldest, in either order: trimmed off the tail.
+    let n: i64 = ack.key(k).key(k).arg("j0").arg("j1").invoke(&mut c).unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(working(&mut c, k), ["j5", "j4", "dup", "dup"]);
+    assert!(calls(&redis, "ltrim") >= 1);
+    assert_eq!(calls(&redis, "lrem"), 0, "a tail batch needs no LREM");
+    // The newest overtook the rest, one duplicate finished, and one key of another queue.
+    let n: i64 = ack
+        .key(k)
+        .key(other)
+        .key(k)
+        .arg("j5")
+        .arg("o1")
+        .arg("dup")
+        .invoke(&mut c)
+        .unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(working(&mut c, k), ["j4", "dup"]);
+    assert_eq!(working(&mut c, other), ["o0"]);
+    // A payload that is gone (a sweep already returned it) removes nothing else.
+    let n: i64 = ack.key(k).key(k).arg("gone").arg("dup").invoke(&mut c).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(working(&mut c, k), ["j4"]);
+    // Acking more duplicates than the list holds leaves nothing behind and no error.
+    let n: i64 = ack.key(k).key(k).arg("j4").arg("j4").invoke(&mut c).unwrap();
+    assert_eq!(n, 1);
+    let exists: i64 = redis::cmd("EXISTS").arg(k).query(&mut c).unwrap();
+    assert_eq!(exists, 0);
+}
