@@ -1,6 +1,6 @@
 //! Fetching: Sidekiq's strict / weighted queue order, then either reliable fetch (a Lua script
 //! moves up to N jobs from `queue:<q>` into `playguard:working:<identity>:<q>`, and idle waits
-//! use BLMOVE into the same lists) or basic fetch (the same script without working lists while
+//! use BLMOVE into the same lists) or basic fetch (RPOP with a count for the free slots while
 //! the queues are busy, BRPOP when they are empty, as Sidekiq OSS).
 //!
 //! Blocking commands run on connections of their own, one command at a time, and are never
@@ -218,22 +218,23 @@ async fn unblock(rt: &Runtime, blockers: &[Blocker]) {
     }
 }
 
-/// Move up to `n` jobs in one script call: into our working lists (reliable fetch), or just
-/// popped (basic fetch, which then costs one round trip per batch rather than one BRPOP per
-/// job while the queues are busy).
+/// Take up to `n` jobs for the free slots: reliable fetch moves them into our working lists in
+/// one script call; basic fetch pops them with plain commands (`pop_batch`). Either way one
+/// round trip per batch rather than one blocking pop per job while the queues are busy.
 async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>> {
     let order = rt.config.queues.order();
+    let n = n.min(MAX_BATCH);
+    if !rt.reliable() {
+        return pop_batch(rt, &order, n).await;
+    }
     let mut inv = FETCH.prepare_invoke();
     for q in &order {
         inv.key(format!("queue:{q}"));
     }
-    if rt.reliable() {
-        for q in &order {
-            inv.key(rt.working_key(q));
-        }
+    for q in &order {
+        inv.key(rt.working_key(q));
     }
-    inv.arg(n.min(MAX_BATCH))
-        .arg(if rt.reliable() { "0" } else { "1" });
+    inv.arg(n);
     let mut conn = rt.conn.clone();
     let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
     let mut out = Vec::with_capacity(flat.len() / 2);
@@ -249,6 +250,52 @@ async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>>
             queue: order[i - 1].clone(),
             raw,
         });
+    }
+    Ok(out)
+}
+
+/// Basic fetch: `RPOP queue:<q> <count>` in fetch order until `n` are taken, as BRPOP would
+/// take them one by one (a popped job is only in memory, as in Sidekiq OSS). Plain commands,
+/// not a script: a payload that passes through Lua costs Redis several times the instructions
+/// (callgrind: 7.7k vs 1.3k per job). With several queues one pipeline of LLEN says which to
+/// pop from, so the empty ones cost no round trip each.
+async fn pop_batch(rt: &Runtime, order: &[String], n: usize) -> redis::RedisResult<Vec<Fetched>> {
+    let mut conn = rt.conn.clone();
+    let plan: Vec<(usize, usize)> = if order.len() == 1 {
+        vec![(0, n)]
+    } else {
+        let mut p = redis::pipe();
+        for q in order {
+            p.cmd("LLEN").arg(format!("queue:{q}"));
+        }
+        let lens: Vec<usize> = p.query_async(&mut conn).await?;
+        let mut left = n;
+        let mut plan = Vec::new();
+        for (i, len) in lens.into_iter().enumerate() {
+            let take = len.min(left);
+            if take > 0 {
+                plan.push((i, take));
+                left -= take;
+            }
+        }
+        plan
+    };
+    let mut out = Vec::new();
+    if plan.is_empty() {
+        return Ok(out);
+    }
+    let mut p = redis::pipe();
+    for (i, take) in &plan {
+        p.cmd("RPOP").arg(format!("queue:{}", order[*i])).arg(*take);
+    }
+    let popped: Vec<Option<Vec<Vec<u8>>>> = p.query_async(&mut conn).await?;
+    for ((i, _), jobs) in plan.iter().zip(popped) {
+        for raw in jobs.into_iter().flatten() {
+            out.push(Fetched {
+                queue: order[*i].clone(),
+                raw,
+            });
+        }
     }
     Ok(out)
 }

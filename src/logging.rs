@@ -298,7 +298,10 @@ mod tests {
         tracing::info!(elapsed_ms = 0.1, "done");
         tracing::warn!(error = %"boom", jobs = 3usize, ok = true, "acking failed; retrying");
         let e = std::io::Error::other("disk full");
-        tracing::error!(error = &e as &(dyn std::error::Error + 'static), "could not write");
+        tracing::error!(
+            error = &e as &(dyn std::error::Error + 'static),
+            "could not write"
+        );
         let phase = tracing::info_span!("phase", phase = "one");
         let _p = phase.enter();
         tracing::info!(stream = "stdout", "working \"quoted\"");

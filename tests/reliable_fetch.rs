@@ -375,11 +375,16 @@ fn calls(redis: &RedisServer, cmd: &str) -> u64 {
 }
 
 fn working(c: &mut redis::Connection, key: &str) -> Vec<String> {
-    redis::cmd("LRANGE").arg(key).arg(0).arg(-1).query(c).unwrap()
+    redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(c)
+        .unwrap()
 }
 
 /// lua/fetch.lua moves a batch with one LPUSH per queue, oldest job rightmost (the order the
-/// orphan sweep relies on), in queue order; basic mode (ARGV[2] = '1') only pops.
+/// orphan sweep relies on), in queue order.
 #[test]
 fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
     let redis = RedisServer::start();
@@ -402,7 +407,6 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
         .key("w:a")
         .key("w:b")
         .arg(4)
-        .arg("0")
         .invoke(&mut c)
         .unwrap();
     let got: Vec<(i64, String)> = got
@@ -422,66 +426,50 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
     assert_eq!(calls(&redis, "lpush") - before, 2, "one LPUSH per queue");
     assert_eq!(working(&mut c, "w:a"), ["a2", "a1", "a0"]);
     assert_eq!(working(&mut c, "w:b"), ["b0"]);
-    // Basic: popped, no working list.
-    let got: Vec<redis::Value> = fetch
-        .key("queue:a")
-        .key("queue:b")
-        .arg(5)
-        .arg("1")
-        .invoke(&mut c)
-        .unwrap();
-    assert_eq!(got.len(), 2);
-    assert_eq!(redis::from_redis_value_ref::<String>(&got[1]).unwrap(), "b1");
-    assert_eq!(working(&mut c, "w:b"), ["b0"]);
 }
 
-/// lua/ack.lua removes exactly the finished jobs: a batch that is the list's tail (the usual
-/// case: jobs finish in fetch order) goes with one LTRIM and no LREM; jobs that overtook older
-/// ones, byte-identical duplicates and payloads no longer there are handled one by one.
+/// Basic fetch pops batches with RPOP <count> while the queues are busy, in strict queue order:
+/// queue `b` is touched only once `a` is empty.
 #[test]
-fn ack_script_removes_exactly_the_finished_jobs() {
+fn basic_fetch_pops_batches_in_strict_order() {
     let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/rec",
+        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
+    );
     let mut c = redis.conn();
-    let ack = redis::Script::new(include_str!("../lua/ack.lua"));
-    let k = "playguard:working:test:default";
-    let other = "playguard:working:test:other";
-    let _: () = redis::cmd("LPUSH")
-        .arg(k)
-        .arg(&["j0", "j1", "dup", "dup", "j4", "j5"])
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("LPUSH")
-        .arg(other)
-        .arg(&["o0", "o1"])
-        .query(&mut c)
-        .unwrap();
-    assert_eq!(working(&mut c, k), ["j5", "j4", "dup", "dup", "j1", "j0"]);
-    // The two oldest, in either order: trimmed off the tail.
-    let n: i64 = ack.key(k).key(k).arg("j0").arg("j1").invoke(&mut c).unwrap();
-    assert_eq!(n, 2);
-    assert_eq!(working(&mut c, k), ["j5", "j4", "dup", "dup"]);
-    assert!(calls(&redis, "ltrim") >= 1);
-    assert_eq!(calls(&redis, "lrem"), 0, "a tail batch needs no LREM");
-    // The newest overtook the rest, one duplicate finished, and one key of another queue.
-    let n: i64 = ack
-        .key(k)
-        .key(other)
-        .key(k)
-        .arg("j5")
-        .arg("o1")
-        .arg("dup")
-        .invoke(&mut c)
-        .unwrap();
-    assert_eq!(n, 3);
-    assert_eq!(working(&mut c, k), ["j4", "dup"]);
-    assert_eq!(working(&mut c, other), ["o0"]);
-    // A payload that is gone (a sweep already returned it) removes nothing else.
-    let n: i64 = ack.key(k).key(k).arg("gone").arg("dup").invoke(&mut c).unwrap();
-    assert_eq!(n, 1);
-    assert_eq!(working(&mut c, k), ["j4"]);
-    // Acking more duplicates than the list holds leaves nothing behind and no error.
-    let n: i64 = ack.key(k).key(k).arg("j4").arg("j4").invoke(&mut c).unwrap();
-    assert_eq!(n, 1);
-    let exists: i64 = redis::cmd("EXISTS").arg(k).query(&mut c).unwrap();
-    assert_eq!(exists, 0);
+    for q in ["b", "a"] {
+        let raws: Vec<String> = (0..30)
+            .map(|i| {
+                let (_, mut p) = payload("RecJob", json!([i]));
+                p = p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""));
+                p
+            })
+            .collect();
+        let _: () = redis::cmd("LPUSH")
+            .arg(format!("queue:{q}"))
+            .arg(raws)
+            .query(&mut c)
+            .unwrap();
+    }
+    let mut w = Worker::start(
+        &redis,
+        p.path(),
+        &["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"],
+    );
+    wait_until("60 jobs ran", Duration::from_secs(60), || {
+        lines(&p, "ledger.txt").len() >= 60
+    });
+    let ledger = lines(&p, "ledger.txt");
+    // Slots start jobs as they free up, so only the last batch of `a` may finish among `b`'s.
+    assert!(ledger[..27].iter().all(|q| q == "a"), "{ledger:?}");
+    assert_eq!(ledger.iter().filter(|q| *q == "b").count(), 30);
+    assert!(calls(&redis, "rpop") > 0, "batched pops");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
 }
