@@ -107,7 +107,7 @@ def row(curve, unit, small, a, big, b, key)
   y = b[key]
   ratio = y / x
   ROWS << [curve, unit, small, format('%.2f', x), big, format('%.2f', y), format('%.2f', ratio),
-           (ratio - 1).abs <= 0.2 ? 'yes' : 'no']
+           ratio <= 1.2 ? 'yes' : 'no']
   warn "   #{curve}: #{small} #{format('%.2f', x)} #{unit}, #{big} #{format('%.2f', y)} #{unit} (×#{format('%.2f', ratio)})"
 end
 
@@ -238,11 +238,13 @@ if want.('periodic')
   end
   ROWS << ['periodic tick, 4 processes', 'boundary → all pushed, ms', '1,000', format('%.1f', r[0][:tick_ms]),
            '10,000', format('%.1f', r[1][:tick_ms]), format('%.2f', r[1][:tick_ms] / r[0][:tick_ms]), 'n/a']
-  row('periodic tick, 4 processes', 'Redis CPU µs per Marquee per tick', '1,000', r[0], '10,000', r[1], :redis_us_per_marquee)
-  warn format('   Redis CPU per 10,000-Marquee tick: %.1f ms (%.2f%% of a core at one tick a minute)',
-              r[1][:redis_ms], r[1][:redis_ms] / 600.0)
-  ROWS << ['periodic tick, 4 processes', 'Redis CPU ms per tick', '1,000', format('%.1f', r[0][:redis_ms]),
-           '10,000', format('%.1f', r[1][:redis_ms]), format('%.2f', r[1][:redis_ms] / r[0][:redis_ms]), 'n/a']
+  row('periodic tick, 4 processes', 'boundary → all pushed, µs per Marquee', '1,000', r[0], '10,000', r[1], :tick_us_per_marquee)
+  ROWS << ['periodic tick, 4 processes', 'Redis CPU ms per tick (4 idle processes included)', '1,000',
+           format('%.1f', r[0][:redis_ms]), '10,000', format('%.1f', r[1][:redis_ms]),
+           format('%.2f', r[1][:redis_ms] / r[0][:redis_ms]), 'n/a']
+  marginal = (r[1][:redis_ms] - r[0][:redis_ms]) * 1000 / 9_000
+  warn format('   Redis CPU per 10,000-Marquee tick: %.1f ms (%.2f%% of a core at one tick a minute); %.1f µs per extra Marquee',
+              r[1][:redis_ms], r[1][:redis_ms] / 600.0, marginal)
 end
 
 if want.('reconcile')
@@ -278,7 +280,7 @@ if want.('reconcile')
   row('reconcile', 'CPU ms per phase (worker + shepherds + commands)', '1 phase', r[0], '6 phases', r[1], :cpu_ms_phase)
 end
 
-lines = ['| curve | cost | size A | at A | size B | at B | B ÷ A | flat within 20% |', '|---|---|---:|---:|---:|---:|---:|---|']
+lines = ['| curve | cost | size A | at A | size B | at B | B ÷ A | per-unit cost grows ≤ 20% |', '|---|---|---:|---:|---:|---:|---:|---|']
 ROWS.each { lines << "| #{_1.join(' | ')} |" }
 puts lines.join("\n")
 File.write(File.join(OUT, 'scale.md'), lines.join("\n") + "\n")
