@@ -19,7 +19,6 @@ BIN = ENV.fetch('PG_BIN')
 RUSTY = ENV.fetch('RUSTY_BIN')
 OUT = ENV.fetch('OUT_DIR')
 HERE = File.expand_path(__dir__)
-CLK_TCK = Integer(`getconf CLK_TCK`.strip) rescue 100
 Sidekiq.configure_client { |c| c.redis = { url: URL } }
 Sidekiq.logger.level = Logger::WARN
 R = Redis.new(url: URL)
@@ -75,10 +74,10 @@ def stop_worker(pid)
   end
 end
 
-# Seconds of CPU (user + system, all threads) the process has used.
+# Seconds of CPU the process's live threads have run (schedstat, in ns: finer than the 10 ms
+# ticks of /proc/<pid>/stat; every worker here keeps its threads for the whole run).
 def proc_cpu(pid)
-  f = File.read("/proc/#{pid}/stat").split(') ', 2).last.split
-  (f[11].to_i + f[12].to_i).to_f / CLK_TCK
+  Dir["/proc/#{pid}/task/*/schedstat"].sum { |f| File.read(f).split.first.to_i rescue 0 } / 1e9
 end
 
 def vmhwm_kb(pid) = File.read("/proc/#{pid}/status")[/^VmHWM:\s+(\d+)/, 1].to_i

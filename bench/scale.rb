@@ -29,10 +29,12 @@ def wait_for(what, secs, pause = 0.001)
   end
 end
 
-# CPU seconds of a process, its threads and its reaped children (the shepherds and commands).
+# CPU seconds of a process: its live threads' run time in ns (schedstat: finer than the
+# 10 ms ticks of /proc/<pid>/stat), plus its reaped children (the shepherds and commands).
 def proc_cpu(pid)
+  threads = Dir["/proc/#{pid}/task/*/schedstat"].sum { |f| File.read(f).split.first.to_i rescue 0 } / 1e9
   f = File.read("/proc/#{pid}/stat").split(') ', 2).last.split
-  f[11..14].sum(&:to_i).to_f / CLK_TCK
+  threads + (f[13].to_i + f[14].to_i).to_f / CLK_TCK
 end
 
 def redis_cpu
@@ -40,8 +42,8 @@ def redis_cpu
   i['used_cpu_sys'].to_f + i['used_cpu_user'].to_f
 end
 
-def calls
-  R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v['calls'].to_i : v[/calls=(\d+)/, 1].to_i] }
+def calls(field = 'calls')
+  R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v[field].to_f : v[/#{field}=([\d.]+)/, 1].to_f] }
 end
 
 def spawn_worker(args, tag, dir: OUT, log: 'warn')
@@ -163,10 +165,12 @@ if want.('schedule')
     sleep secs
     cpu = redis_cpu - r0
     polls = calls.fetch('zrange', 0) / 2.0 # one ZRANGE for retry, one for schedule
+    zrange_us = calls('usec').fetch('zrange', 0) / [polls, 1].max
     stop(pid)
-    { redis_us: cpu * 1e6 / [polls, 1].max, polls: polls }
+    { redis_us_s: cpu * 1e6 / secs, zrange_us: zrange_us }
   end
-  row('schedule set (Redis CPU per poll, all idle work included)', 'Redis µs/poll', '0', r[0], '1,000,000', r[1], :redis_us)
+  row('schedule set', 'Redis time in the poller\'s ZRANGEs, µs per poll', '0', r[0], '1,000,000', r[1], :zrange_us)
+  row('schedule set', 'Redis CPU µs/s, idle worker (Redis\'s own cron included)', '0', r[0], '1,000,000', r[1], :redis_us_s)
 end
 
 if want.('queues')
@@ -184,7 +188,11 @@ end
 
 if want.('idle')
   secs = Float(ENV.fetch('IDLE_SECS', '10'))
-  warn "== idle processes: 1 vs 50 idle workers against one Redis, #{secs}s each"
+  warn "== idle processes: 1 vs 50 idle workers against one Redis, #{secs}s each (minus Redis alone)"
+  R.flushdb
+  r0 = redis_cpu
+  sleep secs
+  alone = (redis_cpu - r0) * 1e6 / secs
   r = [1, 50].map do |np|
     R.flushdb
     pids = (1..np).map { spawn_worker(%w[-q bench -c 10], "idle-#{np}-#{_1}") }
@@ -196,7 +204,7 @@ if want.('idle')
     cpu = redis_cpu - r0
     n = calls.reject { |c, _| %w[config info].include?(c) }.values.sum
     pids.each { stop(_1) }
-    { cmds: n / secs / np, redis_us: cpu * 1e6 / secs / np }
+    { cmds: n / secs / np, redis_us: (cpu * 1e6 / secs - alone) / np }
   end
   row('idle processes', 'Redis cmds/s per process', '1', r[0], '50', r[1], :cmds)
   row('idle processes', 'Redis CPU µs/s per process', '1', r[0], '50', r[1], :redis_us)

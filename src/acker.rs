@@ -83,9 +83,12 @@ async fn run(
                 }
             }
         }
-        let mut pipe = redis::pipe();
+        // Sized up front: no buffer grows while a payload is copied in.
+        let mut pipe = redis::Pipeline::with_capacity(batch.len());
         for (key, raw) in &batch {
-            pipe.cmd("LREM").arg(key).arg(-1).arg(raw).ignore();
+            let mut c = redis::Cmd::with_capacity(4, 6 + key.len() + 2 + raw.len());
+            c.arg("LREM").arg(key).arg(-1).arg(raw);
+            pipe.add_command(c).ignore();
         }
         match pipe.query_async::<()>(&mut conn).await {
             Ok(_) => {
