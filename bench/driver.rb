@@ -89,7 +89,7 @@ end
 
 # The driver's own commands (its polling script and what that script calls), left out of the
 # per-job counts; none of the workers sends these while draining.
-OWN = %w[eval llen keys info config flushdb].freeze
+OWN = %w[eval llen keys info config config|resetstat flushdb].freeze
 
 def commandstats
   R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v['calls'].to_i : v[/calls=(\d+)/, 1].to_i] }

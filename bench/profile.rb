@@ -44,9 +44,14 @@ end
 R.rename('queue:bench', 'bench:staging')
 log = File.join(OUT, 'worker.log')
 env = { 'REDIS_URL' => URL, 'RUST_LOG' => ENV.fetch('PG_LOG', 'info') }
+# RUSTY_BIN: profile bench/rusty (rusty-sidekiq) instead, for a like-for-like count.
+cmd = if ENV['RUSTY_BIN']
+        [ENV['RUSTY_BIN'], URL, 'bench', CONC.to_s]
+      else
+        [BIN, 'run', '-r', URL, '-q', 'bench', '-c', CONC.to_s, '--fetch', FETCH]
+      end
 pid = Process.spawn(env, 'valgrind', '--tool=callgrind', "--callgrind-out-file=#{OUT}/callgrind.out.%p",
-                    BIN, 'run', '-r', URL, '-q', 'bench', '-c', CONC.to_s, '--fetch', FETCH,
-                    out: log, err: [:child, :out], pgroup: true)
+                    *cmd, out: log, err: [:child, :out], pgroup: true)
 begin
   wait_for('worker registered', 300) { R.scard('processes') > 0 }
   identity = R.smembers('processes').first
@@ -79,7 +84,8 @@ if REDIS_PID
   redis_ir = instructions(rdump)
 end
 calls = stats.values.sum
-puts format('%s fetch, -c %d, RUST_LOG=%s, %d jobs (%.1f s under callgrind)', FETCH, CONC, env['RUST_LOG'], N, secs)
+puts format('%s, -c %d, RUST_LOG=%s, %d jobs (%.1f s under callgrind)',
+            ENV['RUSTY_BIN'] ? 'rusty-sidekiq' : "playguard #{FETCH} fetch", CONC, env['RUST_LOG'], N, secs)
 puts format('worker instructions per job: %d', ir / N)
 puts format('Redis commands per job (script-internal calls included): %.2f', calls.to_f / N)
 puts '  ' + stats.sort_by { -_2 }.first(10).map { |c, n| format('%s=%.3f', c, n / N) }.join(' ')

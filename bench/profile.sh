@@ -8,6 +8,7 @@
 #   bench/profile.sh                          # reliable fetch, 20,000 jobs, -c 50, RUST_LOG=info
 #   FETCH=basic JOBS=5000 PG_LOG=warn bench/profile.sh
 #   REDIS_CALLGRIND=1 bench/profile.sh         # redis-server under callgrind too: its instructions/job
+#   RUSTY_BIN=target/release/rusty-bench PG_CONCURRENCY=25 bench/profile.sh   # rusty-sidekiq instead
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
