@@ -25,6 +25,8 @@ const BLOCKERS_GRACE: Duration =
     Duration::from_secs(crate::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
 /// Most jobs one fetch script moves.
 const MAX_BATCH: usize = 256;
+/// Most queues one reliable-fetch script call looks at (see `fetch_batch`).
+const FETCH_QUEUES_PER_CALL: usize = 8;
 
 static FETCH: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/fetch.lua")));
@@ -227,29 +229,39 @@ async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>>
     if !rt.reliable() {
         return pop_batch(rt, &order, n).await;
     }
-    let mut inv = FETCH.prepare_invoke();
-    for q in &order {
-        inv.key(format!("queue:{q}"));
-    }
-    for q in &order {
-        inv.key(rt.working_key(q));
-    }
-    inv.arg(n);
     let mut conn = rt.conn.clone();
-    let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
-    let mut out = Vec::with_capacity(flat.len() / 2);
-    let mut it = flat.into_iter();
-    while let (Some(idx), Some(job)) = (it.next(), it.next()) {
-        let i: usize = redis::from_redis_value_ref(&idx)?;
-        // The reply's own buffer becomes the job's bytes: no copy per job.
-        let raw: Vec<u8> = match job {
-            redis::Value::BulkString(b) => b,
-            other => redis::from_redis_value_ref(&other)?,
-        };
-        out.push(Fetched {
-            queue: order[i - 1].clone(),
-            raw,
-        });
+    let mut out = Vec::new();
+    // Queues in chunks, in order: every key of a call costs Redis a Lua string, so with 100
+    // queues a batch the first few can fill should not pay for all 200 keys. A later chunk is
+    // asked only for what the earlier ones lacked, which keeps the order strict.
+    for chunk in order.chunks(FETCH_QUEUES_PER_CALL) {
+        let want = n - out.len();
+        if want == 0 {
+            break;
+        }
+        let mut inv = FETCH.prepare_invoke();
+        for q in chunk {
+            inv.key(format!("queue:{q}"));
+        }
+        for q in chunk {
+            inv.key(rt.working_key(q));
+        }
+        inv.arg(want);
+        let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+        out.reserve(flat.len() / 2);
+        let mut it = flat.into_iter();
+        while let (Some(idx), Some(job)) = (it.next(), it.next()) {
+            let i: usize = redis::from_redis_value_ref(&idx)?;
+            // The reply's own buffer becomes the job's bytes: no copy per job.
+            let raw: Vec<u8> = match job {
+                redis::Value::BulkString(b) => b,
+                other => redis::from_redis_value_ref(&other)?,
+            };
+            out.push(Fetched {
+                queue: chunk[i - 1].clone(),
+                raw,
+            });
+        }
     }
     Ok(out)
 }

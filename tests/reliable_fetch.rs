@@ -473,3 +473,52 @@ fn basic_fetch_pops_batches_in_strict_order() {
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
 }
+
+/// Reliable fetch looks at its queues a few at a time (so a batch the first queues can fill does
+/// not pay for every queue's keys): the order stays strict across those calls, and a queue past
+/// the first call's reach is still served.
+#[test]
+fn reliable_fetch_keeps_strict_order_over_many_queues() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/rec",
+        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
+    );
+    let mut c = redis.conn();
+    for q in ["q11", "q1"] {
+        let raws: Vec<String> = (0..20)
+            .map(|i| {
+                let (_, p) = payload("RecJob", json!([i]));
+                p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""))
+            })
+            .collect();
+        let _: () = redis::cmd("LPUSH")
+            .arg(format!("queue:{q}"))
+            .arg(raws)
+            .query(&mut c)
+            .unwrap();
+    }
+    let mut args = vec!["-c".to_string(), "3".to_string()];
+    for i in 0..12 {
+        args.push("-q".into());
+        args.push(format!("q{i}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut w = Worker::start(&redis, p.path(), &args);
+    wait_until("40 jobs ran", Duration::from_secs(60), || {
+        lines(&p, "ledger.txt").len() >= 40
+    });
+    let ledger = lines(&p, "ledger.txt");
+    assert!(ledger[..17].iter().all(|q| q == "q1"), "{ledger:?}");
+    assert_eq!(ledger.iter().filter(|q| *q == "q11").count(), 20);
+    wait_until("every job acked", Duration::from_secs(30), || {
+        in_working_lists(&redis) == 0
+    });
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
