@@ -21,6 +21,7 @@ OUT = ENV.fetch('OUT_DIR')
 HERE = File.expand_path(__dir__)
 Sidekiq.configure_client { |c| c.redis = { url: URL } }
 Sidekiq.logger.level = Logger::WARN
+Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 R = Redis.new(url: URL)
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)

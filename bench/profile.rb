@@ -14,6 +14,7 @@ TOP = Integer(ENV.fetch('TOP', '30'))
 REDIS_PID = ENV['REDIS_CALLGRIND'] && ENV.fetch('REDIS_PID')
 Sidekiq.configure_client { |c| c.redis = { url: URL } }
 Sidekiq.logger.level = Logger::WARN
+Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 R = Redis.new(url: URL)
 # The driver's own commands, left out of the per-job counts.
 OWN = %w[info config rename exists smembers scard].freeze

@@ -96,6 +96,7 @@ def per_job(args, m, tag, left:, log: 'warn', skip: 0)
   if skip > 0
     wait_for("#{tag}: #{skip} warm-up jobs", 60) { left.call <= start - skip }
     start = left.call
+    m = [m, start].min
   end
   c0 = proc_cpu(pid)
   r0 = redis_cpu
