@@ -1,5 +1,7 @@
-# Benchmark driver for bench/run.sh: Ruby Sidekiq 6.4.1 vs playguard (reliable and basic fetch)
-# against the private redis-server run.sh started. Every wait has a deadline.
+# Benchmark driver for bench/run.sh: Ruby Sidekiq 6.4.1, rusty-sidekiq 0.15.2 and playguard
+# (reliable and basic fetch), each both quiet and at INFO, against the private redis-server
+# run.sh started. ROUNDS interleaved rounds (each round runs every kind once, in a rotated
+# order); every figure is the median over the rounds with its min-max. Every wait has a deadline.
 require 'sidekiq'
 require 'sidekiq/api'
 require 'json'
@@ -7,40 +9,54 @@ require 'redis'
 
 URL = ENV.fetch('REDIS_URL')
 N = Integer(ENV.fetch('BENCH_JOBS', '100000'))
+ROUNDS = Integer(ENV.fetch('ROUNDS', '3'))
 PG_CONC = Integer(ENV.fetch('PG_CONCURRENCY', '50'))
-LAT_SAMPLES = Integer(ENV.fetch('LAT_SAMPLES', '300'))
-IDLE_SECS = Float(ENV.fetch('IDLE_SECS', '10'))
+RUBY_CONC = Integer(ENV.fetch('RUBY_CONCURRENCY', '10'))
+RUSTY_CONC = Integer(ENV.fetch('RUSTY_CONCURRENCY', '25'))
+LAT_SAMPLES = Integer(ENV.fetch('LAT_SAMPLES', '200'))
+IDLE_SECS = Float(ENV.fetch('IDLE_SECS', '5'))
 BIN = ENV.fetch('PG_BIN')
+RUSTY = ENV.fetch('RUSTY_BIN')
 OUT = ENV.fetch('OUT_DIR')
 HERE = File.expand_path(__dir__)
 Sidekiq.configure_client { |c| c.redis = { url: URL } }
 Sidekiq.logger.level = Logger::WARN
+Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
 R = Redis.new(url: URL)
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-def wait_for(what, secs)
+def wait_for(what, secs, pause = 0.0005)
   deadline = now + secs
   until yield
     raise "timed out after #{secs}s waiting for #{what}" if now > deadline
-    sleep 0.0005
+    sleep pause
   end
 end
 
-WORKERS = {
-  'ruby' => ->(log) { ['sidekiq', '-r', File.join(HERE, 'ruby_jobs.rb'), '-c', '10', '-q', 'bench', '-e', 'production'] },
-  # More threads, so Ruby is not judged by a concurrency it would not run with.
-  'ruby25' => ->(log) { ['sidekiq', '-r', File.join(HERE, 'ruby_jobs.rb'), '-c', '25', '-q', 'bench', '-e', 'production'] },
-  'reliable' => ->(log) { [BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', 'reliable'] },
-  'basic' => ->(log) { [BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', 'basic'] },
-  # Same as 'reliable' with per-job start/done log lines off (RUST_LOG=warn).
-  'reliable-quiet' => ->(log) { [BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', 'reliable'] },
+# "quiet" = no per-job lines: Ruby's logger at ERROR (set in ruby_jobs.rb), RUST_LOG=warn for
+# both Rust workers. "info" = every worker's default, with its per-job start/done lines.
+def ruby(log) = [{ 'BENCH_RUBY_LOG' => log == :quiet ? 'error' : 'info' },
+                 'sidekiq', '-r', File.join(HERE, 'ruby_jobs.rb'), '-c', RUBY_CONC.to_s, '-q', 'bench', '-e', 'production']
+def rusty(log) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' }, RUSTY, URL, 'bench', RUSTY_CONC.to_s]
+def pg(log, fetch) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' },
+                      BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', fetch]
+
+KINDS = {
+  'ruby-quiet' => ["Ruby Sidekiq 6.4.1 -c #{RUBY_CONC}, logger ERROR", ruby(:quiet)],
+  'ruby-info' => ["Ruby Sidekiq 6.4.1 -c #{RUBY_CONC}, logger INFO", ruby(:info)],
+  'rusty-quiet' => ["rusty-sidekiq 0.15.2 -c #{RUSTY_CONC}, RUST_LOG=warn", rusty(:quiet)],
+  'rusty-info' => ["rusty-sidekiq 0.15.2 -c #{RUSTY_CONC}, RUST_LOG=info", rusty(:info)],
+  'reliable-quiet' => ["playguard reliable -c #{PG_CONC}, RUST_LOG=warn", pg(:quiet, 'reliable')],
+  'reliable-info' => ["playguard reliable -c #{PG_CONC}, RUST_LOG=info", pg(:info, 'reliable')],
+  'basic-quiet' => ["playguard basic -c #{PG_CONC}, RUST_LOG=warn", pg(:quiet, 'basic')],
+  'basic-info' => ["playguard basic -c #{PG_CONC}, RUST_LOG=info", pg(:info, 'basic')],
 }.freeze
 
 def spawn_worker(kind, tag)
+  env, *cmd = KINDS.fetch(kind)[1]
   log = File.join(OUT, "#{kind}-#{tag}.log")
-  env = { 'REDIS_URL' => URL, 'RUST_LOG' => kind == 'reliable-quiet' ? 'warn' : ENV.fetch('PG_LOG', 'info') }
-  Process.spawn(env, *WORKERS.fetch(kind).call(log), out: log, err: [:child, :out], chdir: OUT,
+  Process.spawn({ 'REDIS_URL' => URL }.merge(env), *cmd, out: log, err: [:child, :out], chdir: OUT,
                 pgroup: true)
 end
 
@@ -59,6 +75,27 @@ def stop_worker(pid)
   end
 end
 
+# Seconds of CPU the process's live threads have run (schedstat, in ns: finer than the 10 ms
+# ticks of /proc/<pid>/stat; every worker here keeps its threads for the whole run).
+def proc_cpu(pid)
+  Dir["/proc/#{pid}/task/*/schedstat"].sum { |f| File.read(f).split.first.to_i rescue 0 } / 1e9
+end
+
+def vmhwm_kb(pid) = File.read("/proc/#{pid}/status")[/^VmHWM:\s+(\d+)/, 1].to_i
+
+def redis_cpu
+  i = R.info(:cpu)
+  i['used_cpu_sys'].to_f + i['used_cpu_user'].to_f
+end
+
+# The driver's own commands (its polling script and what that script calls), left out of the
+# per-job counts; none of the workers sends these while draining.
+OWN = %w[eval llen keys info config config|resetstat flushdb].freeze
+
+def commandstats
+  R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v['calls'].to_i : v[/calls=(\d+)/, 1].to_i] }
+end
+
 # Jobs still queued or in any playguard working list, in one round trip.
 LEFT = "local n = redis.call('LLEN', KEYS[1]) " \
        "for _, k in ipairs(redis.call('KEYS', 'playguard:working:*')) do n = n + redis.call('LLEN', k) end " \
@@ -74,18 +111,27 @@ def throughput(kind)
   R.flushdb
   push_noops(N)
   raise 'push failed' unless R.llen('queue:bench') == N
-  t0 = now
+  R.config(:resetstat)
   pid = spawn_worker(kind, 'throughput')
-  first = nil
   wait_for("#{kind}: first pop", 60) { R.llen('queue:bench') < N }
   first = now
-  wait_for("#{kind}: queue drained", 300) { R.eval(LEFT, keys: ['queue:bench']).zero? }
+  cpu0 = proc_cpu(pid)
+  rcpu0 = redis_cpu
+  wait_for("#{kind}: queue drained", 300, 0.001) { R.eval(LEFT, keys: ['queue:bench']).zero? }
   done = now
-  # Correctness, untimed: the workers' own counters (flushed by their heartbeat) say N.
-  wait_for("#{kind}: Stats.processed == #{N}", 30) { Sidekiq::Stats.new.processed >= N }
-  processed = Sidekiq::Stats.new.processed
+  cpu = proc_cpu(pid) - cpu0
+  rcpu = redis_cpu - rcpu0
+  stats = commandstats.reject { |c, _| OWN.include?(c) }
+  rss = vmhwm_kb(pid)
+  # Correctness, untimed: the workers' own counters say N (rusty-sidekiq 0.15.2 keeps none).
+  unless kind.start_with?('rusty')
+    wait_for("#{kind}: Stats.processed == #{N}", 30, 0.05) { Sidekiq::Stats.new.processed >= N }
+  end
   stop_worker(pid)
-  { rate: N / (done - first), wall_rate: N / (done - t0), secs: done - first, processed: processed }
+  calls = stats.values.sum
+  { rate: N / (done - first), cpu_us: cpu * 1e6 / N, redis_us: rcpu * 1e6 / N,
+    cmds: calls.to_f / N, rss_mb: rss / 1024.0,
+    top: stats.sort_by { -_2 }.first(5).map { |c, n| [c, n.to_f / N] } }
 end
 
 def percentile(sorted, p) = sorted[[((sorted.size * p).ceil - 1), 0].max]
@@ -93,19 +139,12 @@ def percentile(sorted, p) = sorted[[((sorted.size * p).ceil - 1), 0].max]
 def idle(kind)
   R.flushdb
   pid = spawn_worker(kind, 'idle')
-  wait_for("#{kind}: registered in processes", 30) { R.scard('processes') > 0 }
+  wait_for("#{kind}: registered in processes", 30, 0.01) { R.scard('processes') > 0 }
   # Let start-up work (first sweep, first poll) pass, then count what idling costs.
   sleep 2
   R.config(:resetstat)
   sleep IDLE_SECS
-  stats = R.info(:commandstats)
-  calls = stats.sum do |cmd, v|
-    next 0 if %w[config info].include?(cmd)
-    v.is_a?(Hash) ? v['calls'].to_i : v[/calls=(\d+)/, 1].to_i
-  end
-  top = stats.map { |cmd, v| [cmd, v.is_a?(Hash) ? v['calls'].to_i : v[/calls=(\d+)/, 1].to_i] }
-             .reject { |c, _| %w[config info].include?(c) }.sort_by { -_2 }.first(6)
-  # Pick-up latency, one job at a time into an idle worker.
+  calls = commandstats.sum { |c, n| %w[config info].include?(c) ? 0 : n }
   R.del('bench:latency')
   lat = []
   LAT_SAMPLES.times do
@@ -119,48 +158,68 @@ def idle(kind)
   lat.sort!
   wait_for("#{kind}: idle again", 10) { R.eval(LEFT, keys: ['queue:bench']).zero? }
   sleep 0.5
-  shutdown = stop_worker(pid)
-  { cmds_per_sec: calls / IDLE_SECS, top: top, p50_ms: percentile(lat, 0.5) / 1000.0,
-    p99_ms: percentile(lat, 0.99) / 1000.0, max_ms: lat.last / 1000.0, shutdown_ms: shutdown * 1000 }
+  stop = stop_worker(pid)
+  { idle_cmds: calls / IDLE_SECS, p50_ms: percentile(lat, 0.5) / 1000.0,
+    p99_ms: percentile(lat, 0.99) / 1000.0, stop_ms: stop * 1000 }
 end
 
-kinds = (ENV['BENCH_KINDS'] || 'ruby,ruby25,reliable,basic,reliable-quiet').split(',')
-results = {}
-kinds.each do |k|
-  warn "== #{k}: throughput (#{N} no-op jobs)"
-  results[k] = throughput(k)
-  warn "   #{results[k][:rate].round} jobs/s"
-  warn "== #{k}: idle (#{IDLE_SECS}s commandstats, #{LAT_SAMPLES} latency samples, shutdown)"
-  results[k].merge!(idle(k))
-  warn "   p50 #{results[k][:p50_ms]} ms, p99 #{results[k][:p99_ms]} ms, #{results[k][:cmds_per_sec]} cmd/s"
+kinds = (ENV['BENCH_KINDS'] || KINDS.keys.join(',')).split(',')
+runs = Hash.new { |h, k| h[k] = [] }
+ROUNDS.times do |round|
+  kinds.rotate(round).each do |k|
+    warn "== round #{round + 1}/#{ROUNDS}, #{k}: throughput (#{N} no-op jobs), then idle"
+    r = throughput(k).merge(idle(k))
+    warn format('   %d jobs/s, %.1f µs worker CPU/job, %.1f µs Redis CPU/job, %.2f cmds/job, p99 %.2f ms, stop %.0f ms',
+                r[:rate], r[:cpu_us], r[:redis_us], r[:cmds], r[:p99_ms], r[:stop_ms])
+    runs[k] << r
+  end
 end
 
-# Ratios are against the faster of the Ruby runs.
-base = results.select { |k, _| k.start_with?('ruby') }.map { |_, r| r[:rate] }.max
-names = { 'ruby' => 'Ruby Sidekiq 6.4.1, -c 10 (BRPOP)',
-          'ruby25' => 'Ruby Sidekiq 6.4.1, -c 25 (BRPOP)',
-          'reliable' => "playguard --fetch reliable, -c #{PG_CONC}",
-          'basic' => "playguard --fetch basic, -c #{PG_CONC}",
-          'reliable-quiet' => "playguard --fetch reliable, -c #{PG_CONC}, RUST_LOG=warn" }
+def median(xs)
+  s = xs.sort
+  s.size.odd? ? s[s.size / 2] : (s[s.size / 2 - 1] + s[s.size / 2]) / 2.0
+end
+
+def cell(rs, key, fmt)
+  xs = rs.map { _1[key] }
+  return format(fmt, xs.first) if xs.size == 1
+  "#{format(fmt, median(xs))} (#{format(fmt, xs.min)}–#{format(fmt, xs.max)})"
+end
+
+med = runs.transform_values { |rs| rs.first.keys.reject { _1 == :top }.to_h { |k| [k, median(rs.map { _1[k] })] } }
 lines = []
-lines << "| worker | jobs/s (first pop → drained) | × best Ruby | jobs/s incl. start-up | idle pick-up p50 / p99 / max (ms) | idle Redis cmds/s | idle SIGTERM → exit (ms) |"
-lines << '|---|---:|---:|---:|---:|---:|---:|'
-results.each do |k, r|
-  ratio = base ? format('%.1f×', r[:rate] / base) : 'n/a'
-  lines << format('| %s | %d | %s | %d | %.2f / %.2f / %.2f | %.1f | %.0f |', names[k], r[:rate], ratio,
-                  r[:wall_rate], r[:p50_ms], r[:p99_ms], r[:max_ms], r[:cmds_per_sec], r[:shutdown_ms])
+lines << "Medians of #{ROUNDS} interleaved rounds (min–max in brackets); #{N} no-op jobs pushed with `push_bulk` before the worker starts; jobs/s from the first pop to the last ack."
+lines << ''
+lines << '| worker | jobs/s | worker CPU µs/job | Redis CPU µs/job | Redis cmds/job | peak RSS MB | idle pick-up p50 / p99 ms | idle Redis cmds/s | idle TERM → exit ms |'
+lines << '|---|---:|---:|---:|---:|---:|---:|---:|---:|'
+runs.each do |k, rs|
+  lines << "| #{KINDS[k][0]} | #{cell(rs, :rate, '%d')} | #{cell(rs, :cpu_us, '%.1f')} | #{cell(rs, :redis_us, '%.1f')} | " \
+           "#{format('%.2f', med[k][:cmds])} | #{format('%.1f', med[k][:rss_mb])} | " \
+           "#{format('%.2f / %.2f', med[k][:p50_ms], med[k][:p99_ms])} | #{format('%.1f', med[k][:idle_cmds])} | " \
+           "#{cell(rs, :stop_ms, '%.0f')} |"
 end
-if results['reliable'] && results['basic']
-  rel = results['reliable'][:rate]
-  bas = results['basic'][:rate]
-  lines << ''
-  lines << format('Reliable fetch vs basic fetch, same run: %.0f vs %.0f jobs/s (reliable = %.2f× basic; %s).',
-                  rel, bas, rel / bas,
-                  rel >= bas ? 'reliable moves up to one batch per script call, basic pays one BRPOP round trip per job' :
-                               format('reliable costs %.1f%%', 100.0 * (1 - rel / bas)))
+ratio = lambda do |a, b|
+  next nil unless med[a] && med[b]
+  format('%.1f×', med[a][:rate] / med[b][:rate])
 end
 lines << ''
-lines << 'Idle commands by type (per 10 s):'
-results.each { |k, r| lines << "- #{k}: #{r[:top].map { |c, n| "#{c}=#{n}" }.join(', ')}" }
+lines << '| same run, same log level | quiet | INFO |'
+lines << '|---|---:|---:|'
+[%w[reliable ruby], %w[reliable rusty], %w[basic ruby], %w[basic rusty]].each do |a, b|
+  q = ratio.("#{a}-quiet", "#{b}-quiet")
+  i = ratio.("#{a}-info", "#{b}-info")
+  lines << "| playguard #{a} ÷ #{b == 'ruby' ? 'Ruby Sidekiq' : 'rusty-sidekiq'} | #{q || 'n/a'} | #{i || 'n/a'} |" if q || i
+end
+lines << ''
+costs = %w[ruby rusty reliable basic].filter_map do |w|
+  next unless med["#{w}-quiet"] && med["#{w}-info"]
+  format('%s %.0f%%', w, 100.0 * (1 - med["#{w}-info"][:rate] / med["#{w}-quiet"][:rate]))
+end
+lines << "Throughput lost to INFO logging (1 − INFO ÷ quiet): #{costs.join(', ')}." unless costs.empty?
+lines << ''
+lines << 'Redis commands per job by type (first round; script-internal calls included):'
+runs.each do |k, rs|
+  lines << "- #{k}: #{rs.first[:top].map { |c, n| format('%s %.2f', c, n) }.join(', ')}"
+end
 puts lines.join("\n")
 File.write(File.join(OUT, 'table.md'), lines.join("\n") + "\n")

@@ -1,6 +1,10 @@
 # Job classes for the Ruby Sidekiq 6.4.1 side of bench/run.sh (loaded with `sidekiq -r`).
 require 'sidekiq'
 
+# bench/driver.rb's "quiet" runs: no per-job start/done lines, like RUST_LOG=warn for the Rust
+# workers. Required after the CLI set its logger up, so the level sticks.
+Sidekiq.logger.level = Logger::ERROR if ENV['BENCH_RUBY_LOG'] == 'error'
+
 class NoopJob
   include Sidekiq::Worker
   def perform(*) end

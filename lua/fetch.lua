@@ -1,5 +1,6 @@
 -- Reliable fetch: move up to ARGV[1] jobs from the queues, in the order given, into this
 -- process's working lists, all in one atomic step (no moment where a job is only in memory).
+-- Each queue's jobs go into its working list with one LPUSH, not one per job.
 -- KEYS[1..n]    = queue:<q> in fetch order
 -- KEYS[n+1..2n] = playguard:working:<identity>:<q>, same order
 -- KEYS[2n+1]    = playguard:alive:<identity>: nothing is fetched while it is missing (our
@@ -17,8 +18,9 @@ for i = 1, n do
   -- RPOP with a count takes the oldest jobs first (the client LPUSHes on the left).
   local jobs = redis.call('RPOP', KEYS[i], want)
   if jobs then
+    -- Several values in one LPUSH leave the same order as one LPUSH each: oldest rightmost.
+    redis.call('LPUSH', KEYS[n + i], unpack(jobs))
     for _, job in ipairs(jobs) do
-      redis.call('LPUSH', KEYS[n + i], job)
       out[#out + 1] = i
       out[#out + 1] = job
     end

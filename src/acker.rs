@@ -1,14 +1,17 @@
 //! Batched acknowledgements for reliable fetch: finished jobs are removed from
-//! `playguard:working:<identity>:<q>` by one script call per batch instead of one LREM round
-//! trip per job, so a slot is free again as soon as its job is done. At shutdown the acker is
-//! drained before the working lists are, so a finished job is never pushed back.
+//! `playguard:working:<identity>:<q>` by one pipeline of `LREM key -1 payload` per batch
+//! instead of one round trip per job, so a slot is free again as soon as its job is done. At
+//! shutdown the acker is drained before the working lists are, so a finished job is never
+//! pushed back.
+//!
+//! Plain commands, not a script: each LREM is atomic on its own (a job is in its working list
+//! or not), a retried batch is harmless (a second LREM finds nothing), and Redis spends about
+//! half the instructions per ack that a script taking the payloads as ARGV does (callgrind:
+//! 6.7k vs 12.6k per job), since no payload becomes a Lua string.
 
-use redis::Script;
-use std::sync::LazyLock;
 use tokio::sync::mpsc;
 
-static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/ack.lua")));
-/// Most acks in one script call.
+/// Most acks in one pipeline.
 const MAX_BATCH: usize = 512;
 
 type Ack = (String, Vec<u8>);
@@ -80,11 +83,14 @@ async fn run(
                 }
             }
         }
-        let mut inv = ACK.prepare_invoke();
+        // Sized up front: no buffer grows while a payload is copied in.
+        let mut pipe = redis::Pipeline::with_capacity(batch.len());
         for (key, raw) in &batch {
-            inv.key(key).arg(raw);
+            let mut c = redis::Cmd::with_capacity(4, 6 + key.len() + 2 + raw.len());
+            c.arg("LREM").arg(key).arg(-1).arg(raw);
+            pipe.add_command(c).ignore();
         }
-        match inv.invoke_async::<i64>(&mut conn).await {
+        match pipe.query_async::<()>(&mut conn).await {
             Ok(_) => {
                 pending.fetch_sub(batch.len(), std::sync::atomic::Ordering::SeqCst);
                 batch.clear();

@@ -1,6 +1,7 @@
 //! Fetching: Sidekiq's strict / weighted queue order, then either reliable fetch (a Lua script
 //! moves up to N jobs from `queue:<q>` into `playguard:working:<identity>:<q>`, and idle waits
-//! use BLMOVE into the same lists) or basic fetch (BRPOP, as Sidekiq OSS).
+//! use BLMOVE into the same lists) or basic fetch (RPOP with a count for the free slots while
+//! the queues are busy, BRPOP when they are empty, as Sidekiq OSS).
 //!
 //! Blocking commands run on connections of their own, one command at a time, and are never
 //! dropped mid-flight: to stop waiting we send `CLIENT UNBLOCK <id>` from the shared
@@ -24,6 +25,8 @@ const BLOCKERS_GRACE: Duration =
     Duration::from_secs(crate::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
 /// Most jobs one fetch script moves.
 const MAX_BATCH: usize = 256;
+/// Most queues one reliable-fetch script call looks at (see `fetch_batch`).
+const FETCH_QUEUES_PER_CALL: usize = 8;
 
 static FETCH: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/fetch.lua")));
@@ -219,28 +222,95 @@ async fn unblock(rt: &Runtime, blockers: &[Blocker]) {
     }
 }
 
-/// Move up to `n` jobs in one script call (reliable fetch).
+/// Take up to `n` jobs for the free slots: reliable fetch moves them into our working lists in
+/// one script call; basic fetch pops them with plain commands (`pop_batch`). Either way one
+/// round trip per batch rather than one blocking pop per job while the queues are busy.
 async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>> {
     let order = rt.config.queues.order();
-    let mut inv = FETCH.prepare_invoke();
-    for q in &order {
-        inv.key(format!("queue:{q}"));
+    let n = n.min(MAX_BATCH);
+    if !rt.reliable() {
+        return pop_batch(rt, &order, n).await;
     }
-    for q in &order {
-        inv.key(rt.working_key(q));
+    let mut conn = rt.conn.clone();
+    let mut out = Vec::new();
+    let epoch = rt.liveness.epoch();
+    // Queues in chunks, in order: every key of a call costs Redis a Lua string, so with 100
+    // queues a batch the first few can fill should not pay for all 200 keys. A later chunk is
+    // asked only for what the earlier ones lacked, which keeps the order strict.
+    for chunk in order.chunks(FETCH_QUEUES_PER_CALL) {
+        let want = n - out.len();
+        if want == 0 {
+            break;
+        }
+        let mut inv = FETCH.prepare_invoke();
+        for q in chunk {
+            inv.key(format!("queue:{q}"));
+        }
+        for q in chunk {
+            inv.key(rt.working_key(q));
+        }
+        inv.key(crate::heartbeat::alive_key(&rt.identity));
+        inv.arg(want);
+        let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+        out.reserve(flat.len() / 2);
+        let mut it = flat.into_iter();
+        while let (Some(idx), Some(job)) = (it.next(), it.next()) {
+            let i: usize = redis::from_redis_value_ref(&idx)?;
+            // The reply's own buffer becomes the job's bytes: no copy per job.
+            let raw: Vec<u8> = match job {
+                redis::Value::BulkString(b) => b,
+                other => redis::from_redis_value_ref(&other)?,
+            };
+            out.push(Fetched {
+                queue: chunk[i - 1].clone(),
+                raw,
+                epoch,
+            });
+        }
     }
-    inv.key(crate::heartbeat::alive_key(&rt.identity));
-    inv.arg(n.min(MAX_BATCH));
+    Ok(out)
+}
+
+/// Basic fetch: `RPOP queue:<q> <count>` in fetch order until `n` are taken, as BRPOP would
+/// take them one by one (a popped job is only in memory, as in Sidekiq OSS). Plain commands,
+/// not a script: a payload that passes through Lua costs Redis several times the instructions
+/// (callgrind: 7.7k vs 1.3k per job). With several queues one pipeline of LLEN says which to
+/// pop from, so the empty ones cost no round trip each.
+async fn pop_batch(rt: &Runtime, order: &[String], n: usize) -> redis::RedisResult<Vec<Fetched>> {
     let mut conn = rt.conn.clone();
     let epoch = rt.liveness.epoch();
-    let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
-    let mut out = Vec::with_capacity(flat.len() / 2);
-    for pair in flat.chunks(2) {
-        if let [idx, job] = pair {
-            let i: usize = redis::from_redis_value_ref(idx)?;
-            let raw: Vec<u8> = redis::from_redis_value_ref(job)?;
+    let plan: Vec<(usize, usize)> = if order.len() == 1 {
+        vec![(0, n)]
+    } else {
+        let mut p = redis::pipe();
+        for q in order {
+            p.cmd("LLEN").arg(format!("queue:{q}"));
+        }
+        let lens: Vec<usize> = p.query_async(&mut conn).await?;
+        let mut left = n;
+        let mut plan = Vec::new();
+        for (i, len) in lens.into_iter().enumerate() {
+            let take = len.min(left);
+            if take > 0 {
+                plan.push((i, take));
+                left -= take;
+            }
+        }
+        plan
+    };
+    let mut out = Vec::new();
+    if plan.is_empty() {
+        return Ok(out);
+    }
+    let mut p = redis::pipe();
+    for (i, take) in &plan {
+        p.cmd("RPOP").arg(format!("queue:{}", order[*i])).arg(*take);
+    }
+    let popped: Vec<Option<Vec<Vec<u8>>>> = p.query_async(&mut conn).await?;
+    for ((i, _), jobs) in plan.iter().zip(popped) {
+        for raw in jobs.into_iter().flatten() {
             out.push(Fetched {
-                queue: order[i - 1].clone(),
+                queue: order[*i].clone(),
                 raw,
                 epoch,
             });
@@ -334,23 +404,24 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
                 _ = rt.shutdown.quieted() => break,
             }
         }
-        if rt.reliable() {
-            match fetch_batch(&rt, free).await {
-                Ok(v) if !v.is_empty() => {
-                    rt.metrics.fetch_batch(v.len());
-                    pending = v;
-                    pending.reverse(); // popped from the end: keep fetch order
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    // The script may have run even though its reply was lost.
-                    suspect = true;
-                    tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
-                    tokio::select! {
-                        _ = tokio::time::sleep(ERROR_PAUSE) => continue,
-                        _ = rt.shutdown.quieted() => break,
-                    }
+        // Queues busy: take what the free slots can run in one script call. Only when that
+        // finds nothing do we block (below).
+        match fetch_batch(&rt, free).await {
+            Ok(v) if !v.is_empty() => {
+                rt.metrics.fetch_batch(v.len());
+                idle = false;
+                pending = v;
+                pending.reverse(); // popped from the end: keep fetch order
+                continue;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Reliable: the script may have run even though its reply was lost.
+                suspect |= rt.reliable();
+                tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
+                tokio::select! {
+                    _ = tokio::time::sleep(ERROR_PAUSE) => continue,
+                    _ = rt.shutdown.quieted() => break,
                 }
             }
         }

@@ -35,8 +35,10 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
 end
 if #ARGV > 3 then
   redis.call('SADD', KEYS[2], ARGV[3])
-  for i = 4, #ARGV do
-    redis.call('LPUSH', KEYS[3], ARGV[i])
+  -- One LPUSH per 1,000 payloads rather than one each (the same order; unpack stays well
+  -- under Lua's C stack limit).
+  for i = 4, #ARGV, 1000 do
+    redis.call('LPUSH', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV)))
   end
 end
 return #ARGV - 3

@@ -362,3 +362,163 @@ fn basic_fetch_is_plain_brpop() {
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
     assert_eq!(lines(&p, "ledger.txt").len(), 20);
 }
+
+fn calls(redis: &RedisServer, cmd: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut redis.conn())
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+fn working(c: &mut redis::Connection, key: &str) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(c)
+        .unwrap()
+}
+
+/// lua/fetch.lua moves a batch with one LPUSH per queue, oldest job rightmost (the order the
+/// orphan sweep relies on), in queue order.
+#[test]
+fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
+    let redis = RedisServer::start();
+    let mut c = redis.conn();
+    let fetch = redis::Script::new(include_str!("../lua/fetch.lua"));
+    // LPUSH as the client does: a0 is the oldest of queue:a.
+    for (q, jobs) in [("a", vec!["a0", "a1", "a2"]), ("b", vec!["b0", "b1"])] {
+        for j in jobs {
+            let _: () = redis::cmd("LPUSH")
+                .arg(format!("queue:{q}"))
+                .arg(j)
+                .query(&mut c)
+                .unwrap();
+        }
+    }
+    let before = calls(&redis, "lpush");
+    let got: Vec<redis::Value> = fetch
+        .key("queue:a")
+        .key("queue:b")
+        .key("w:a")
+        .key("w:b")
+        .arg(4)
+        .invoke(&mut c)
+        .unwrap();
+    let got: Vec<(i64, String)> = got
+        .chunks(2)
+        .map(|p| {
+            (
+                redis::from_redis_value_ref(&p[0]).unwrap(),
+                redis::from_redis_value_ref(&p[1]).unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(i64, String)> = [(1, "a0"), (1, "a1"), (1, "a2"), (2, "b0")]
+        .iter()
+        .map(|(i, j)| (*i, j.to_string()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(calls(&redis, "lpush") - before, 2, "one LPUSH per queue");
+    assert_eq!(working(&mut c, "w:a"), ["a2", "a1", "a0"]);
+    assert_eq!(working(&mut c, "w:b"), ["b0"]);
+}
+
+/// Basic fetch pops batches with RPOP <count> while the queues are busy, in strict queue order:
+/// queue `b` is touched only once `a` is empty.
+#[test]
+fn basic_fetch_pops_batches_in_strict_order() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/rec",
+        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
+    );
+    let mut c = redis.conn();
+    for q in ["b", "a"] {
+        let raws: Vec<String> = (0..30)
+            .map(|i| {
+                let (_, mut p) = payload("RecJob", json!([i]));
+                p = p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""));
+                p
+            })
+            .collect();
+        let _: () = redis::cmd("LPUSH")
+            .arg(format!("queue:{q}"))
+            .arg(raws)
+            .query(&mut c)
+            .unwrap();
+    }
+    let mut w = Worker::start(
+        &redis,
+        p.path(),
+        &["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"],
+    );
+    wait_until("60 jobs ran", Duration::from_secs(60), || {
+        lines(&p, "ledger.txt").len() >= 60
+    });
+    let ledger = lines(&p, "ledger.txt");
+    // Slots start jobs as they free up, so only the last batch of `a` may finish among `b`'s.
+    assert!(ledger[..27].iter().all(|q| q == "a"), "{ledger:?}");
+    assert_eq!(ledger.iter().filter(|q| *q == "b").count(), 30);
+    assert!(calls(&redis, "rpop") > 0, "batched pops");
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+/// Reliable fetch looks at its queues a few at a time (so a batch the first queues can fill does
+/// not pay for every queue's keys): the order stays strict across those calls, and a queue past
+/// the first call's reach is still served.
+#[test]
+fn reliable_fetch_keeps_strict_order_over_many_queues() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/rec",
+        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
+    );
+    let mut c = redis.conn();
+    for q in ["q11", "q1"] {
+        let raws: Vec<String> = (0..20)
+            .map(|i| {
+                let (_, p) = payload("RecJob", json!([i]));
+                p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""))
+            })
+            .collect();
+        let _: () = redis::cmd("LPUSH")
+            .arg(format!("queue:{q}"))
+            .arg(raws)
+            .query(&mut c)
+            .unwrap();
+    }
+    let mut args = vec!["-c".to_string(), "3".to_string()];
+    for i in 0..12 {
+        args.push("-q".into());
+        args.push(format!("q{i}"));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut w = Worker::start(&redis, p.path(), &args);
+    wait_until("40 jobs ran", Duration::from_secs(60), || {
+        lines(&p, "ledger.txt").len() >= 40
+    });
+    let ledger = lines(&p, "ledger.txt");
+    assert!(ledger[..17].iter().all(|q| q == "q1"), "{ledger:?}");
+    assert_eq!(ledger.iter().filter(|q| *q == "q11").count(), 20);
+    wait_until("every job acked", Duration::from_secs(30), || {
+        in_working_lists(&redis) == 0
+    });
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+}
