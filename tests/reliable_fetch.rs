@@ -400,12 +400,15 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
                 .unwrap();
         }
     }
+    // The process's alive key (the script fetches nothing for a process without one).
+    let _: () = redis::cmd("SET").arg("alive").arg(1).query(&mut c).unwrap();
     let before = calls(&redis, "lpush");
     let got: Vec<redis::Value> = fetch
         .key("queue:a")
         .key("queue:b")
         .key("w:a")
         .key("w:b")
+        .key("alive")
         .arg(4)
         .invoke(&mut c)
         .unwrap();
