@@ -347,13 +347,17 @@ fn basic_fetch_is_plain_brpop() {
         .unwrap();
     let mut w = Worker::start(&redis, p.path(), &["-c", "3", "--fetch", "basic"]);
     // Idle first, so it waits in BRPOP (busy queues are popped in batches with RPOP <count>).
-    wait_until("the idle worker waits in BRPOP", Duration::from_secs(20), || {
-        redis::cmd("CLIENT")
-            .arg("LIST")
-            .query::<String>(&mut redis.conn())
-            .unwrap()
-            .contains("cmd=brpop")
-    });
+    wait_until(
+        "the idle worker waits in BRPOP",
+        Duration::from_secs(20),
+        || {
+            redis::cmd("CLIENT")
+                .arg("LIST")
+                .query::<String>(&mut redis.conn())
+                .unwrap()
+                .contains("cmd=brpop")
+        },
+    );
     push(&redis, "RecJob", 20);
     wait_until("20 jobs ran", Duration::from_secs(30), || {
         lines(&p, "ledger.txt").len() >= 20
