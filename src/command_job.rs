@@ -2,14 +2,10 @@
 //! command (plain or phase) receives. Touches no Redis keys.
 
 use crate::command::{self, Exit};
+use crate::error_class;
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::retry::Failure;
 use std::time::Duration;
-
-/// error_class recorded when a command exits non-zero.
-pub const COMMAND_ERROR: &str = "Playguard::CommandFailed";
-/// error_class recorded when a command outlives its timeout.
-pub const TIMEOUT_ERROR: &str = "Playguard::Timeout";
 
 /// Lock facts a phase command gets.
 pub struct LockEnv<'a> {
@@ -54,13 +50,13 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
             message,
             stderr_tail,
         } => Some(Failure {
-            class: COMMAND_ERROR.into(),
+            class: error_class::COMMAND_ERROR.into(),
             message,
             backtrace: stderr_tail.into_iter().rev().collect(),
         }),
-        Exit::Killed { why } => Some(Failure::new(TIMEOUT_ERROR, why)),
-        Exit::SpawnFailed(m) => Some(Failure::new(COMMAND_ERROR, m)),
-        Exit::BadInput(m) => Some(Failure::new(crate::retry::BAD_ARGUMENTS, m)),
+        Exit::Killed { why } => Some(Failure::new(error_class::TIMEOUT_ERROR, why)),
+        Exit::SpawnFailed(m) => Some(Failure::new(error_class::COMMAND_ERROR, m)),
+        Exit::BadInput(m) => Some(Failure::new(crate::error_class::BAD_ARGUMENTS, m)),
     }
 }
 

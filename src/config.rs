@@ -2,7 +2,7 @@
 //! understands, with its environment section merged over the top level), then flags, which win.
 //! Touches no Redis keys.
 
-use crate::fetch::QueueOrder;
+use crate::queues::QueueOrder;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use yaml_rust2::{Yaml, YamlLoader};

@@ -9,7 +9,6 @@
 
 use crate::processor;
 use crate::runtime::{Fetched, Runtime};
-use rand::seq::SliceRandom;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Notify, Semaphore};
@@ -30,53 +29,6 @@ const FETCH_QUEUES_PER_CALL: usize = 8;
 
 static FETCH: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/fetch.lua")));
-
-/// The configured queues and weights, and Sidekiq's rule for ordering them before each fetch.
-#[derive(Debug, Clone)]
-pub struct QueueOrder {
-    /// (name, weight) as configured; weight 0 = none given.
-    pub queues: Vec<(String, u32)>,
-}
-
-impl QueueOrder {
-    /// Unique queue names in configured order.
-    pub fn names(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for (q, _) in &self.queues {
-            if !out.contains(q) {
-                out.push(q.clone());
-            }
-        }
-        out
-    }
-
-    /// Strict unless some weight is > 0 (6.4.1's rule).
-    pub fn weighted(&self) -> bool {
-        self.queues.iter().any(|(_, w)| *w > 0)
-    }
-
-    /// The order for one fetch: strict = configured; weighted = each queue repeated by its weight
-    /// (0 counts as 1), shuffled, then first occurrences kept.
-    pub fn order(&self) -> Vec<String> {
-        if !self.weighted() {
-            return self.names();
-        }
-        let mut expanded: Vec<&String> = Vec::new();
-        for (q, w) in &self.queues {
-            for _ in 0..(*w).max(1) {
-                expanded.push(q);
-            }
-        }
-        expanded.shuffle(&mut rand::rng());
-        let mut out: Vec<String> = Vec::new();
-        for q in expanded {
-            if !out.contains(q) {
-                out.push(q.clone());
-            }
-        }
-        out
-    }
-}
 
 /// What a blocker hands the fetch loop: which blocker, what it popped, and whether it hit an
 /// error (with reliable fetch an error may hide a job moved into our working list).
@@ -249,7 +201,7 @@ async fn fetch_batch(rt: &Runtime, n: usize) -> redis::RedisResult<Vec<Fetched>>
         for q in chunk {
             inv.key(rt.working_key(q));
         }
-        inv.key(crate::heartbeat::alive_key(&rt.identity));
+        inv.key(crate::liveness::alive_key(&rt.identity));
         inv.arg(want);
         let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
         out.reserve(flat.len() / 2);
@@ -512,30 +464,5 @@ pub async fn run(rt: Arc<Runtime>, sem: Arc<Semaphore>) {
     }
     for f in pending {
         rt.requeue_logged(&f).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strict_order_is_configured_order_deduplicated() {
-        let q = QueueOrder {
-            queues: vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 0)],
-        };
-        assert!(!q.weighted());
-        assert_eq!(q.order(), vec!["a", "b"]);
-    }
-
-    #[test]
-    fn weighted_order_follows_weights() {
-        let q = QueueOrder {
-            queues: vec![("hi".into(), 3), ("lo".into(), 1)],
-        };
-        let firsts = (0..4000).filter(|_| q.order()[0] == "hi").count();
-        // Expect about 3/4 first; a wide band keeps this from flaking.
-        assert!((2700..3300).contains(&firsts), "{firsts}");
-        assert_eq!(q.order().len(), 2);
     }
 }

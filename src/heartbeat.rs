@@ -7,6 +7,8 @@
 //! (`LINDEX queue:<q> -1`, read only) for the queue-latency gauge. `clear` undoes the process
 //! entries at a clean stop.
 
+use crate::identity::{hostname, pid_namespace};
+use crate::liveness::{alive_key, ALIVE_TTL_SECS, FETCHERS_KEY};
 use crate::runtime::Runtime;
 use serde_json::json;
 use std::sync::atomic::Ordering;
@@ -16,44 +18,6 @@ use std::time::Instant;
 pub const PROCESS_TTL_SECS: i64 = 60;
 /// Dated stat keys live five years (`5*365*24*60*60`).
 pub const STAT_TTL_SECS: i64 = 157_680_000;
-/// Our own liveness key's TTL: the orphan sweep treats a process as dead once it lapses.
-pub const ALIVE_TTL_SECS: i64 = 15;
-
-pub fn alive_key(identity: &str) -> String {
-    format!("playguard:alive:{identity}")
-}
-
-pub const FETCHERS_KEY: &str = "playguard:fetchers";
-
-/// This kernel boot and pid namespace, e.g. "3f2c…:pid:[4026531836]"; empty if unknown.
-pub fn pid_namespace() -> String {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let ns = std::fs::read_link("/proc/self/ns/pid")
-        .map(|p| p.display().to_string())
-        .unwrap_or_default();
-    if boot.trim().is_empty() || ns.is_empty() {
-        return String::new();
-    }
-    format!("{}:{ns}", boot.trim())
-}
-
-/// A fresh identity: hostname:pid:nonce, the nonce new at every start (SecureRandom.hex(6)).
-pub fn new_identity() -> String {
-    let nonce: [u8; 6] = rand::random();
-    let nonce: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{}:{}:{}", hostname(), std::process::id(), nonce)
-}
-
-/// As launcher.rb: `$DYNO` (Heroku) wins over the system hostname.
-pub fn hostname() -> String {
-    if let Some(d) = std::env::var("DYNO").ok().filter(|d| !d.is_empty()) {
-        return d;
-    }
-    hostname::get()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".into())
-}
 
 /// The `info` JSON, written once per process as Sidekiq does.
 pub fn info_json(rt: &Runtime, started_at: f64) -> String {
@@ -245,7 +209,7 @@ pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
         .arg(format!("{id}:workers"))
         .arg(format!("{id}:work"))
         .arg(alive_key(id))
-        .arg(crate::sweeper::locks_key(id))
+        .arg(crate::lock::locks_record_key(id))
         .ignore();
     // The `playguard:fetchers` entry stays: the orphan sweep sees us dead (no alive key),
     // returns anything left in our working lists, and only then removes the entry.

@@ -290,7 +290,7 @@ pub async fn run_with(
         None => version,
     };
 
-    let identity = heartbeat::new_identity();
+    let identity = crate::identity::new_identity();
     let db = open_database(&config, &identity).await?;
 
     let acker = crate::acker::Acker::start(conn.clone());

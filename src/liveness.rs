@@ -10,11 +10,19 @@
 //! the countdown runs out: that budget is [`Liveness::shepherd_budget`], which never lets a
 //! command outlive the alive key. Touches no Redis keys itself.
 
-use crate::heartbeat::ALIVE_TTL_SECS;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+/// Our own liveness key's TTL: the orphan sweep treats a process as dead once it lapses.
+pub const ALIVE_TTL_SECS: i64 = 15;
+
+pub fn alive_key(identity: &str) -> String {
+    format!("playguard:alive:{identity}")
+}
+
+pub const FETCHERS_KEY: &str = "playguard:fetchers";
 
 /// How much earlier than the alive key we stop our jobs. Covers the shepherd's countdown
 /// granularity (it may fire up to 2 s after our own deadline: one tick of rounding, one of

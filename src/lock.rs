@@ -344,6 +344,12 @@ pub async fn fenced_set(
     }
 }
 
+/// The hash of the token locks a process holds: field = lock key, value = the holder record
+/// JSON written by `lua/lock_acquire.lua` (see `lock::Holder`).
+pub fn locks_record_key(identity: &str) -> String {
+    format!("playguard:locks:{identity}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,7 @@
 //! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
 //! Outcome and ack go in one MULTI, so a crash never leaves a job both retried and fetchable.
 
+use crate::error_class;
 use crate::handler::{JobContext, Outcome};
 use crate::payload::Job;
 use crate::retry::{self, Decision, Failure};
@@ -14,12 +15,6 @@ use tracing::Instrument;
 
 /// How long past the shutdown deadline a self-stopping job may take to report back.
 pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
-
-/// error_class for a class nobody registered: what Ruby raises when constantize fails.
-pub const UNKNOWN_CLASS_ERROR: &str = "NameError";
-
-/// error_class of a payload that parses but is not a job (no class, args not an array).
-pub const INVALID_PAYLOAD_ERROR: &str = "Playguard::InvalidPayload";
 
 pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
     let limit = rt.config.max_payload_bytes;
@@ -44,8 +39,8 @@ pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
     };
     if let Err(e) = job.check() {
         // Readable, so it is kept with the reason (the Web UI shows it), the rest unchanged.
-        let entry = crate::retry::dead_entry(&f.raw, INVALID_PAYLOAD_ERROR, &e);
-        let why = format!("{INVALID_PAYLOAD_ERROR}: {e}");
+        let entry = crate::retry::dead_entry(&f.raw, error_class::INVALID_PAYLOAD_ERROR, &e);
+        let why = format!("{}: {e}", error_class::INVALID_PAYLOAD_ERROR);
         return bury_garbage(rt, &f, &why, &entry)
             .instrument(crate::logging::root().clone())
             .await;
@@ -85,7 +80,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     let known = rt.registry.contains(&class);
     let outcome = match rt.registry.get(&class) {
         None => Outcome::Failed(Failure::new(
-            UNKNOWN_CLASS_ERROR,
+            error_class::UNKNOWN_CLASS_ERROR,
             format!("uninitialized constant {class}"),
         )),
         Some(h) => {
@@ -122,7 +117,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
             );
             let caught = |r: std::thread::Result<Outcome>| match r {
                 Ok(o) => o,
-                Err(p) => Outcome::Failed(Failure::new("Playguard::Panic", panic_message(p))),
+                Err(p) => Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
             };
             tokio::select! {
                 r = &mut run => caught(r),

@@ -15,7 +15,8 @@
 //! store's business (`fence_store.rs`): the cycle only asks it to hold, renew and finish.
 
 use crate::command::{self, Exit, Stop};
-use crate::command_job::{exit_failure, job_env, run_for, LockEnv, TIMEOUT_ERROR};
+use crate::command_job::{exit_failure, job_env, run_for, LockEnv};
+use crate::error_class;
 use crate::fence_store::{self, FenceSource, Held};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::ledger::End;
@@ -26,9 +27,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
-
-/// error_class when the lock cannot even be attempted (Redis unreachable at acquire).
-pub const LOCK_ERROR: &str = "Playguard::LockError";
 
 /// What a phase is told about its run: the job's context plus the lease facts.
 #[derive(Clone)]
@@ -343,10 +341,10 @@ async fn run_cycle(
     let key = match render_key(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args) {
         Ok(k) => k,
         Err(why) => {
-            tracing::error!(error_class = crate::retry::BAD_LOCK_KEY, lock_key = %lock.key,
+            tracing::error!(error_class = crate::error_class::BAD_LOCK_KEY, lock_key = %lock.key,
                 "refused: the job's arguments cannot form its lock key: {why}");
             return Outcome::Failed(Failure::new(
-                crate::retry::BAD_LOCK_KEY,
+                crate::error_class::BAD_LOCK_KEY,
                 format!("lock key {:?}: {why}", lock.key),
             ));
         }
@@ -371,7 +369,7 @@ async fn run_cycle(
         }
         Err(e) => {
             return Outcome::Failed(Failure::new(
-                LOCK_ERROR,
+                error_class::LOCK_ERROR,
                 format!("cannot take lock {key}: {e}"),
             ));
         }
@@ -388,7 +386,7 @@ async fn run_cycle(
             tracing::warn!(lock_key = %key, error = %e, database = %db,
                 "{label}: could not record the acquisition in PostgreSQL; lock released, the job is retried");
             return Outcome::Failed(Failure::new(
-                LOCK_ERROR,
+                error_class::LOCK_ERROR,
                 format!("cannot record lock {key} in PostgreSQL: {e}"),
             ));
         }
@@ -484,7 +482,7 @@ async fn run_cycle(
                     .end(End::Failed, Some(&name), Some(&message), "phase timeout")
                     .await;
                 ctx.set_phase(None);
-                return Outcome::Failed(Failure::new(TIMEOUT_ERROR, message));
+                return Outcome::Failed(Failure::new(error_class::TIMEOUT_ERROR, message));
             }
             PhaseEnd::Stopped(StopCause::Shutdown) => {
                 guard
@@ -555,7 +553,7 @@ async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
     tokio::select! {
         r = &mut task => match r {
             Ok(end) => end,
-            Err(e) if e.is_panic() => PhaseEnd::Failed(Failure::new("Playguard::Panic", "phase panicked")),
+            Err(e) if e.is_panic() => PhaseEnd::Failed(Failure::new(error_class::PANIC, "phase panicked")),
             Err(_) => PhaseEnd::Stopped(StopCause::Shutdown),
         },
         cause = stop_signal(&backstop_ctx) => {

@@ -3,6 +3,7 @@
 //! 10,000 entries / 180 days) or drop it. Writes are added to a caller's atomic pipeline so the
 //! outcome and the ack land together.
 
+use crate::error_class;
 use crate::payload::{dump, float_value, now_f64, now_value, uses_millis, Job};
 use base64::Engine;
 use serde_json::{Map, Value};
@@ -16,13 +17,9 @@ pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 60.0 * 60.0;
 /// error_message is cut to this many characters (job_retry.rb).
 const MAX_MESSAGE_CHARS: usize = 10_000;
 
-/// error_class of a job whose arguments cannot form its lock key (see manifest::render_key).
-pub const BAD_LOCK_KEY: &str = "Playguard::BadLockKey";
-/// error_class of a job whose data cannot be handed to a command (a NUL byte, too big for exec).
-pub const BAD_ARGUMENTS: &str = "Playguard::BadArguments";
 /// Failures no retry can fix (the payload itself is the problem): such a job goes to `dead` at
 /// once, or is dropped under `retry: false` / `dead: false` as Sidekiq drops.
-const NEVER_RETRIED: [&str; 2] = [BAD_LOCK_KEY, BAD_ARGUMENTS];
+const NEVER_RETRIED: [&str; 2] = [error_class::BAD_LOCK_KEY, error_class::BAD_ARGUMENTS];
 
 /// What went wrong, in the shape Sidekiq records it.
 #[derive(Debug, Clone)]

@@ -84,7 +84,7 @@ impl Runtime {
     /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep (reliable fetch).
     pub fn locks_record(&self) -> Option<String> {
         self.reliable()
-            .then(|| crate::sweeper::locks_key(&self.identity))
+            .then(|| crate::lock::locks_record_key(&self.identity))
     }
 
     /// Push an unfinished job back to the head of its queue, once. `Ok(false)`: it was no
@@ -121,12 +121,12 @@ impl Runtime {
                     "queue:{} is not a list: the job could not be pushed back",
                     f.queue
                 );
-                tracing::error!(queue = %f.queue, error_class = crate::scheduled::BAD_QUEUE_KEY,
+                tracing::error!(queue = %f.queue, error_class = crate::error_class::BAD_QUEUE_KEY,
                     "{why}; moved to dead");
                 let mut pipe = redis::pipe();
                 crate::retry::add_dead(
                     &mut pipe,
-                    &crate::retry::dead_entry(&f.raw, crate::scheduled::BAD_QUEUE_KEY, &why),
+                    &crate::retry::dead_entry(&f.raw, crate::error_class::BAD_QUEUE_KEY, &why),
                 );
                 pipe.query_async::<()>(&mut conn).await?;
             }

@@ -5,6 +5,7 @@
 //! Interval: Sidekiq's random_poll_interval around `poll_interval_average` times the number
 //! of processes, so a fleet polls on average once per `poll_interval_average`.
 
+use crate::error_class;
 use crate::payload::{dump, now_f64, now_value, uses_millis};
 use crate::runtime::Runtime;
 use serde_json::Value;
@@ -74,10 +75,14 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
                 let why = format!(
                     "queue:{queue} holds a {kind}, not a list: the job cannot be enqueued there"
                 );
-                tracing::error!(set, error_class = BAD_QUEUE_KEY, payload = %String::from_utf8_lossy(member),
+                tracing::error!(set, error_class = error_class::BAD_QUEUE_KEY, payload = %String::from_utf8_lossy(member),
                     "{why}; moved to dead");
                 inv.arg(member)
-                    .arg(crate::retry::dead_entry(member, BAD_QUEUE_KEY, &why))
+                    .arg(crate::retry::dead_entry(
+                        member,
+                        error_class::BAD_QUEUE_KEY,
+                        &why,
+                    ))
                     .arg("");
             }
             inv.arg(now.to_string());
@@ -89,9 +94,6 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
         }
     }
 }
-
-/// error_class of a job whose `queue:<q>` key holds another type than a list.
-pub const BAD_QUEUE_KEY: &str = "Playguard::BadQueueKey";
 
 /// Members the push script refused, each with the type its queue key holds.
 type Refused = Vec<(Vec<u8>, String)>;

@@ -10,7 +10,9 @@
 //! cycles keep in `playguard:locks:<identity>` (compare-and-delete on each lock key), so a
 //! recovered cycle is not skipped as "already locked" by its own dead holder.
 
-use crate::heartbeat::{alive_key, hostname, FETCHERS_KEY};
+use crate::error_class;
+use crate::identity::hostname;
+use crate::liveness::{alive_key, FETCHERS_KEY};
 use crate::payload::{dump, now_value, uses_millis};
 use crate::runtime::{working_key, Runtime};
 use serde_json::Value;
@@ -22,7 +24,6 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 pub const POISON_KEY: &str = "playguard:poison";
 /// Prefix of the per-payload recovery counters: `playguard:recovered:<sha1 of the payload>`.
 pub const RECOVERED_KEY: &str = "playguard:recovered:";
-pub const POISON_ERROR: &str = "Playguard::PoisonPill";
 
 static RECOVER: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/recover.lua")));
@@ -34,7 +35,7 @@ static DRAIN: std::sync::LazyLock<redis::Script> =
 /// Whether a process on this host with that pid is certainly gone.
 fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
     // Only a process in the same kernel boot and pid namespace can read another's pid.
-    if their_ns.is_empty() || their_ns != crate::heartbeat::pid_namespace() {
+    if their_ns.is_empty() || their_ns != crate::identity::pid_namespace() {
         return false;
     }
     let mut parts = identity.rsplitn(3, ':');
@@ -66,12 +67,6 @@ fn shepherds_left(pid: u32) -> bool {
     })
 }
 
-/// The hash of the token locks a process holds: field = lock key, value = the holder record
-/// JSON written by `lua/lock_acquire.lua` (see `lock::Holder`).
-pub fn locks_key(identity: &str) -> String {
-    format!("playguard:locks:{identity}")
-}
-
 /// Release the locks `identity` recorded, if it is dead (alive key lapsed, or `force`: its
 /// pid is gone on this host, or it is ourselves after our own lease lapsed). Returns how
 /// many lock keys were deleted; -1 when it turned out to be alive.
@@ -81,7 +76,7 @@ pub async fn release_locks_of(
     force: bool,
 ) -> redis::RedisResult<i64> {
     let mut conn = rt.conn.clone();
-    let record = locks_key(identity);
+    let record = crate::lock::locks_record_key(identity);
     let held: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(&record)
         .query_async(&mut conn)
@@ -211,7 +206,7 @@ async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
         let payload = match serde_json::from_slice::<Value>(&raw) {
             Ok(Value::Object(mut msg)) => {
                 let millis = uses_millis(&msg);
-                msg.insert("error_class".into(), Value::from(POISON_ERROR));
+                msg.insert("error_class".into(), Value::from(error_class::POISON_ERROR));
                 msg.insert(
                     "error_message".into(),
                     Value::from(format!(

@@ -107,7 +107,7 @@ fn phases(work: &[(Vec<u8>, Vec<u8>)]) -> HashMap<String, Option<String>> {
 pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Found> {
     let (procs, fetchers): (Vec<String>, Vec<String>) = redis::pipe()
         .smembers("processes")
-        .hkeys(crate::heartbeat::FETCHERS_KEY)
+        .hkeys(crate::liveness::FETCHERS_KEY)
         .query_async(conn)
         .await?;
     let mut identities = procs;
@@ -117,7 +117,7 @@ pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Fou
 
     let mut pipe = redis::pipe();
     for id in &identities {
-        pipe.hgetall(crate::sweeper::locks_key(id))
+        pipe.hgetall(crate::lock::locks_record_key(id))
             .hget(id, "info")
             .hgetall(format!("{id}:work"));
     }
