@@ -130,7 +130,7 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     )
     .ignore();
     pipe.expire(id, PROCESS_TTL_SECS).ignore();
-    if rt.reliable() {
+    if rt.fetch.recovers_orphans() {
         pipe.set_ex(alive_key(id), 1, ALIVE_TTL_SECS as u64)
             .ignore();
         // The queues tell a sweeper which working lists are ours; `ns` says which kernel and

@@ -103,14 +103,14 @@ async fn signals(rt: Arc<Runtime>) {
 async fn beat_once(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
     let sent_at = tokio::time::Instant::now();
     let r = heartbeat::beat(rt, info).await;
-    if r.is_ok() && rt.reliable() {
+    if r.is_ok() && rt.fetch.recovers_orphans() {
         // Still lapsed (nothing is fetched): release first, so no lock taken after the
         // refresh can be among those released.
         if !rt.liveness.is_live() {
             regained(rt).await;
         }
         rt.liveness.refreshed(sent_at);
-        rt.retry_pending_requeues().await;
+        rt.fetch.retry_deferred_requeues().await;
     }
     r
 }
@@ -293,7 +293,18 @@ pub async fn run_with(
     let identity = crate::identity::new_identity();
     let db = open_database(&config, &identity).await?;
 
-    let acker = crate::acker::Acker::start(conn.clone());
+    let fetch = crate::fetch::FetchStrategy::new(
+        config.reliable_fetch,
+        &identity,
+        conn.clone(),
+        shutdown.clone(),
+    );
+    // Only a fetch with orphan recovery needs a lease to stop before.
+    let liveness = if fetch.recovers_orphans() {
+        crate::liveness::Liveness::new()
+    } else {
+        crate::liveness::Liveness::disabled()
+    };
     let metrics = Arc::new(crate::metrics::Metrics::default());
     metrics.know_classes(registry.classes());
     let rt = Arc::new(Runtime {
@@ -306,14 +317,8 @@ pub async fn run_with(
         shutdown,
         metrics,
         job_metrics: crate::job_metrics::JobMetrics::new(config.sidekiq_metrics),
-        acker,
-        // Only reliable fetch has orphan recovery, so only it needs a lease to stop before.
-        liveness: if config.reliable_fetch {
-            crate::liveness::Liveness::new()
-        } else {
-            crate::liveness::Liveness::disabled()
-        },
-        pending_requeues: Default::default(),
+        fetch,
+        liveness,
         config,
     });
     rt.metrics.attach_work(&rt.work);
@@ -331,7 +336,7 @@ pub async fn run_with(
         .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
     }
     tracing::info!(identity = %rt.identity, redis = %version, concurrency = rt.config.concurrency,
-        queues = %rt.config.queues.names().join(","), fetch = if rt.reliable() { "reliable" } else { "basic" },
+        queues = %rt.config.queues.names().join(","), fetch = rt.fetch.name(),
         classes = %rt.registry.classes().join(","), "playguard starting");
 
     let root = crate::logging::root().clone();
@@ -357,7 +362,7 @@ pub async fn run_with(
     }
     let beat_task = tokio::spawn(heartbeat_loop(rt.clone(), info).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
-    if rt.reliable() {
+    if rt.fetch.recovers_orphans() {
         side.spawn(sweeper::run(rt.clone()).instrument(root.clone()));
     }
     side.spawn(scheduled::run(rt.clone()).instrument(root.clone()));
@@ -383,14 +388,12 @@ pub async fn run_with(
         tracing::error!("some jobs did not finish after the deadline; exiting anyway");
     }
     while side.join_next().await.is_some() {}
-    rt.acker.flush_and_stop().await;
-    if rt.reliable() {
-        match sweeper::drain_own(&rt).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(jobs = n, "pushed leftover jobs back to their queues"),
-            Err(e) => {
-                tracing::error!(error = %e, "could not drain our working lists; the orphan sweep will")
-            }
+    rt.fetch.finish_acks().await;
+    match rt.fetch.drain(&rt.config.queues.names()).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "pushed leftover jobs back to their queues"),
+        Err(e) => {
+            tracing::error!(error = %e, "could not drain our working lists; the orphan sweep will")
         }
     }
     beat_task.abort();

@@ -11,7 +11,7 @@
 //! - Start and stop: `cli` (flags) → `config` → `launcher` (builds the `runtime`, starts the
 //!   loops, runs the one-way shutdown of `shutdown`).
 //! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
-//!   registry) → `command_job` / `reconcile` → outcome via `retry` and `acker`.
+//!   registry) → `command_job` / `reconcile` → outcome via `retry`, settled by the `fetch` strategy.
 //! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml).
 //! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
 //!   and `db` / `db_tls` (PostgreSQL).
@@ -23,7 +23,6 @@
 //! - Clients of the same keys: `enqueue`, `ops` (`playguard locks`, `playguard cycles`).
 //! - `logging`, `redact` (no secret in any printed line).
 
-pub mod acker;
 pub mod cli;
 pub mod command;
 pub mod command_job;
@@ -59,6 +58,7 @@ pub mod scheduled;
 pub mod sentinel;
 pub mod shutdown;
 pub mod sweeper;
+pub mod unit_of_work;
 pub mod work;
 
 pub use handler::{JobContext, Outcome, Registry};

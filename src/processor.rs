@@ -6,7 +6,8 @@ use crate::error_class;
 use crate::handler::{JobContext, Outcome};
 use crate::payload::Job;
 use crate::retry::{self, Decision, Failure};
-use crate::runtime::{Fetched, Runtime};
+use crate::runtime::Runtime;
+use crate::unit_of_work::UnitOfWork;
 use crate::work::WorkEntry;
 use futures::FutureExt;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use tracing::Instrument;
 /// How long past the shutdown deadline a self-stopping job may take to report back.
 pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
 
-pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
+pub async fn process(rt: &Arc<Runtime>, f: UnitOfWork) {
     let limit = rt.config.max_payload_bytes;
     let parsed = if f.raw.len() > limit {
         Err(format!(
@@ -50,7 +51,7 @@ pub async fn process(rt: &Arc<Runtime>, f: Fetched) {
     run_job(rt, f, job).instrument(span).await
 }
 
-async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
+async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
     let lease = crate::liveness::JobLease {
         liveness: rt.liveness.clone(),
         epoch: f.epoch,
@@ -59,7 +60,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
     // returned it and another process be running it. Hand it back (only if still ours).
     if lease.lapsed() {
         tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
-        rt.requeue_logged(&f).await;
+        rt.fetch.requeue_logged(&f).await;
         return;
     }
     let started = Instant::now();
@@ -165,7 +166,7 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
         Outcome::Done => {
             rt.work.count(false);
             tracing::info!(elapsed_ms = ms, "done");
-            rt.ack_done(&f);
+            rt.fetch.acknowledge(&f);
         }
         Outcome::Failed(failure) => {
             rt.work.count(true);
@@ -183,10 +184,8 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
-            pipe.atomic();
             retry::add_to_pipeline(&mut pipe, &decision);
-            rt.add_ack(&mut pipe, &f);
-            write(rt, pipe, &f).await;
+            rt.fetch.settle(&f, pipe).await;
         }
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
@@ -196,38 +195,10 @@ async fn run_job(rt: &Arc<Runtime>, f: Fetched, job: Job) {
             } else {
                 tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
             }
-            rt.requeue_logged(&f).await;
+            rt.fetch.requeue_logged(&f).await;
         }
     }
     drop(slot);
-}
-
-/// Pause between attempts to write an outcome (as the acker retries acks).
-const WRITE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Write an outcome, retrying until it lands: a MULTI is not rolled back when one command
-/// fails, so the ack may already be applied and this write is the job's only copy. Past the
-/// shutdown deadline it gives up (logged); with reliable fetch a job whose ack did not land
-/// either stays in the working list and runs again rather than being lost.
-async fn write(rt: &Runtime, pipe: redis::Pipeline, f: &Fetched) {
-    if pipe.cmd_iter().next().is_none() {
-        return;
-    }
-    let mut conn = rt.conn.clone();
-    loop {
-        let Err(e) = pipe.query_async::<()>(&mut conn).await else {
-            return;
-        };
-        if rt.shutdown.past_deadline() {
-            tracing::error!(error = %e, queue = %f.queue, payload = %f.shown(),
-                "could not record the job's outcome in Redis before the shutdown deadline{}",
-                if rt.reliable() { "; if it is still in the working list it will run again" } else { "" });
-            return;
-        }
-        tracing::warn!(error = %e, queue = %f.queue,
-            "could not record the job's outcome in Redis; retrying");
-        tokio::time::sleep(WRITE_RETRY_PAUSE).await;
-    }
 }
 
 /// Most payload characters a log line about a bad payload shows.
@@ -235,8 +206,8 @@ const SHOWN_PAYLOAD_CHARS: usize = 1000;
 
 /// A payload that is not a job goes to `dead`: one that is not a JSON object as the raw string,
 /// as processor.rb does (`entry` is then `f.raw`), a readable one with the reason.
-async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str, entry: &[u8]) {
-    let shown = f.shown();
+async fn bury_garbage(rt: &Runtime, f: &UnitOfWork, why: &str, entry: &[u8]) {
+    let shown = f.payload_lossy();
     let cut = shown.chars().count() > SHOWN_PAYLOAD_CHARS;
     let shown: String = shown.chars().take(SHOWN_PAYLOAD_CHARS).collect();
     tracing::error!(queue = %f.queue, error = why, bytes = f.raw.len(), payload = %shown,
@@ -245,10 +216,8 @@ async fn bury_garbage(rt: &Runtime, f: &Fetched, why: &str, entry: &[u8]) {
         if cut { " (payload cut in this line)" } else { "" });
     rt.metrics.garbage(&f.queue);
     let mut pipe = redis::pipe();
-    pipe.atomic();
     retry::add_dead(&mut pipe, entry);
-    rt.add_ack(&mut pipe, f);
-    write(rt, pipe, f).await;
+    rt.fetch.settle(f, pipe).await;
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

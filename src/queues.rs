@@ -1,7 +1,13 @@
 //! The queues a process fetches from and Sidekiq's rule for ordering them before each fetch
-//! (strict, or weighted and shuffled). Touches no Redis keys; `queue:<q>` is built by callers.
+//! (strict, or weighted and shuffled), and the name of a queue's list, `queue:<q>`.
+//! Touches no Redis keys itself.
 
 use rand::seq::SliceRandom;
+
+/// The list a queue's jobs wait in, as Sidekiq names it.
+pub fn queue_key(queue: &str) -> String {
+    format!("queue:{queue}")
+}
 
 /// The configured queues and weights, and Sidekiq's rule for ordering them before each fetch.
 #[derive(Debug, Clone)]

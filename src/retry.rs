@@ -40,16 +40,37 @@ impl Failure {
     }
 }
 
-/// A dead-set entry for a job that was never run: a JSON object gets `error_class`,
-/// `error_message` and `failed_at` (kept keys, order and numbers otherwise); anything else is
+/// Sidekiq's failure fields, written as job_retry.rb writes them, for every failure playguard
+/// records (a run that failed, a payload that is not a job, a poison pill): `error_message`
+/// (cut to 10,000 characters), `error_class`, then `retried_at` when the job has a
+/// `retry_count` (a later failure) or `failed_at` and `retry_count: 0` (its first). Returns
+/// the count it had before, None for a first failure.
+pub fn stamp_failure(msg: &mut Map<String, Value>, class: &str, message: &str) -> Option<i64> {
+    let millis = uses_millis(msg);
+    let message: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
+    msg.insert("error_message".into(), Value::from(message));
+    msg.insert("error_class".into(), Value::from(class));
+    // Ruby: `if msg["retry_count"]` -- a later failure; otherwise the first one.
+    match msg.get("retry_count").and_then(Value::as_i64) {
+        Some(prev) => {
+            msg.insert("retried_at".into(), now_value(millis));
+            Some(prev)
+        }
+        None => {
+            msg.insert("failed_at".into(), now_value(millis));
+            msg.insert("retry_count".into(), Value::from(0));
+            None
+        }
+    }
+}
+
+/// A dead-set entry for a job that cannot run (or be run again): a JSON object gets the
+/// failure fields (`stamp_failure`; kept keys, order and numbers otherwise); anything else is
 /// kept byte for byte.
 pub fn dead_entry(raw: &[u8], class: &str, message: &str) -> Vec<u8> {
     match serde_json::from_slice::<Value>(raw) {
         Ok(Value::Object(mut msg)) => {
-            let millis = uses_millis(&msg);
-            msg.insert("error_class".into(), Value::from(class));
-            msg.insert("error_message".into(), Value::from(message));
-            msg.insert("failed_at".into(), now_value(millis));
+            stamp_failure(&mut msg, class, message);
             dump(&msg).into_bytes()
         }
         _ => raw.to_vec(),
@@ -109,33 +130,14 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
     if matches!(msg.get("retry"), None | Some(Value::Null)) {
         msg.insert("retry".into(), Value::Bool(true));
     }
-    let millis = uses_millis(&msg);
     let queue = match msg.get("retry_queue").and_then(Value::as_str) {
         Some(q) => q.to_string(),
         None => job.queue.clone(),
     };
     msg.insert("queue".into(), Value::from(queue));
-    msg.insert(
-        "error_message".into(),
-        Value::from(
-            failure
-                .message
-                .chars()
-                .take(MAX_MESSAGE_CHARS)
-                .collect::<String>(),
-        ),
-    );
-    msg.insert("error_class".into(), Value::from(failure.class.clone()));
-    // Ruby: `if msg["retry_count"]` -- a later failure; otherwise the first one.
-    let count = match msg.get("retry_count").and_then(Value::as_i64) {
-        Some(prev) => {
-            msg.insert("retried_at".into(), now_value(millis));
-            prev + 1
-        }
-        None => {
-            msg.insert("failed_at".into(), now_value(millis));
-            0
-        }
+    let count = match stamp_failure(&mut msg, &failure.class, &failure.message) {
+        Some(prev) => prev + 1,
+        None => 0,
     };
     msg.insert("retry_count".into(), Value::from(count));
     if let Some(lines) = backtrace_lines(&msg, &failure.backtrace) {
@@ -190,22 +192,33 @@ pub fn add_to_pipeline(pipe: &mut redis::Pipeline, decision: &Decision) {
     }
 }
 
-/// ZADD dead now payload, then trim by age and size, as api.rb's DeadSet#kill.
+/// ZADD dead now payload, then trim by age and size, as api.rb's DeadSet#kill. The one way a
+/// job enters `dead`; `lua/schedule_push.lua` buries inside its script with the same bounds
+/// (`dead_trim_bounds`).
 pub fn add_dead(pipe: &mut redis::Pipeline, payload: &[u8]) {
     let now = now_f64();
+    let (oldest, rank) = dead_trim_bounds(now);
     pipe.zadd("dead", payload, float_value(now).to_string())
         .ignore()
         .cmd("ZREMRANGEBYSCORE")
         .arg("dead")
         .arg("-inf")
-        .arg(float_value(now - DEAD_TIMEOUT_SECS).to_string())
+        .arg(oldest)
         .ignore()
         .cmd("ZREMRANGEBYRANK")
         .arg("dead")
         .arg(0)
-        // api.rb: `zremrangebyrank(name, 0, -max_jobs)`, which keeps max_jobs - 1.
-        .arg(-DEAD_MAX_JOBS)
+        .arg(rank)
         .ignore();
+}
+
+/// What a dead-set trim at `now` removes: scores up to the first value, ranks 0 up to the
+/// second. api.rb: `zremrangebyrank(name, 0, -max_jobs)`, which keeps max_jobs - 1.
+pub fn dead_trim_bounds(now: f64) -> (String, isize) {
+    (
+        float_value(now - DEAD_TIMEOUT_SECS).to_string(),
+        -DEAD_MAX_JOBS,
+    )
 }
 
 #[cfg(test)]

@@ -52,46 +52,85 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
         if due.is_empty() {
             return Ok(total);
         }
-        let mut inv = PUSH.key(set);
+        let mut push = Push::default();
         for member in &due {
             match prepare(member) {
-                Some((payload, queue)) => inv.arg(member).arg(payload).arg(queue),
+                Some((payload, queue)) => push.to_queue(member, payload.into_bytes(), &queue),
                 None => {
                     tracing::error!(set, payload = %String::from_utf8_lossy(member),
                         "unreadable job in {set}: moved to dead as is");
-                    inv.arg(member).arg(member).arg("")
+                    push.bury(member, member.clone())
                 }
             };
         }
-        inv.arg(now.to_string());
-        let (moved, refused): (usize, Refused) = push_reply(inv.invoke_async(&mut conn).await?)?;
+        let (moved, refused) = push.run(&mut conn, set, now).await?;
         total += moved;
         if !refused.is_empty() {
             // Refused members are still in the set: bury each with the reason, by the same
             // script (so only the process whose ZREM wins writes the dead entry).
-            let mut inv = PUSH.key(set);
+            let mut push = Push::default();
             for (member, kind) in &refused {
                 let queue = prepare(member).map(|(_, q)| q).unwrap_or_default();
                 let why = format!(
                     "queue:{queue} holds a {kind}, not a list: the job cannot be enqueued there"
                 );
-                tracing::error!(set, error_class = error_class::BAD_QUEUE_KEY, payload = %String::from_utf8_lossy(member),
+                let class = error_class::BAD_QUEUE_KEY;
+                tracing::error!(set, error_class = class, payload = %String::from_utf8_lossy(member),
                     "{why}; moved to dead");
-                inv.arg(member)
-                    .arg(crate::retry::dead_entry(
-                        member,
-                        error_class::BAD_QUEUE_KEY,
-                        &why,
-                    ))
-                    .arg("");
+                push.bury(member, crate::retry::dead_entry(member, class, &why));
             }
-            inv.arg(now.to_string());
-            let (buried, _) = push_reply(inv.invoke_async(&mut conn).await?)?;
+            let (buried, _) = push.run(&mut conn, set, now).await?;
             total += buried;
         }
         if (due.len() as isize) < BATCH {
             return Ok(total);
         }
+    }
+}
+
+/// One call of `lua/schedule_push.lua`: which members go to which queue, which are buried.
+#[derive(Default)]
+struct Push {
+    /// The distinct queues of this batch (their keys follow the script's first three).
+    queues: Vec<String>,
+    /// (member, payload, index in KEYS of its queue key or 0 = bury).
+    moves: Vec<(Vec<u8>, Vec<u8>, usize)>,
+}
+
+impl Push {
+    fn to_queue(&mut self, member: &[u8], payload: Vec<u8>, queue: &str) {
+        let i = match self.queues.iter().position(|q| q == queue) {
+            Some(i) => i,
+            None => {
+                self.queues.push(queue.to_string());
+                self.queues.len() - 1
+            }
+        };
+        // KEYS is 1-based and the queue keys start at KEYS[4].
+        self.moves.push((member.to_vec(), payload, i + 4));
+    }
+
+    fn bury(&mut self, member: &[u8], entry: Vec<u8>) {
+        self.moves.push((member.to_vec(), entry, 0));
+    }
+
+    async fn run(
+        &self,
+        conn: &mut crate::redis_conn::Conn,
+        set: &str,
+        now: f64,
+    ) -> redis::RedisResult<(usize, Refused)> {
+        let mut inv = PUSH.key(set);
+        inv.key("dead").key("queues");
+        for q in &self.queues {
+            inv.key(crate::queues::queue_key(q));
+        }
+        let (oldest, rank) = crate::retry::dead_trim_bounds(now);
+        inv.arg(now.to_string()).arg(oldest).arg(rank);
+        for (member, payload, k) in &self.moves {
+            inv.arg(member).arg(payload).arg(*k);
+        }
+        push_reply(inv.invoke_async(conn).await?)
     }
 }
 

@@ -4,8 +4,10 @@
 //! `playguard:working:<identity>:<q>` lists go back to the heads of `queue:<q>`. One sweep at
 //! a time across the fleet (the `playguard:sweep` token lock, held only while sweeping, so a
 //! restarted process sweeps at once); a process never sweeps its own lists.
-//! A payload recovered `MAX_RECOVERIES` times is a poison pill: it goes to `dead` with the reason
-//! (through `playguard:poison`, so the dead entry is built from the exact string in Rust).
+//! A payload recovered `MAX_RECOVERIES` times (counted in the `playguard:recovered` hash, a
+//! count forgotten after 7 days without a recovery via `playguard:recovered:at`) is a poison
+//! pill: it goes to `dead` with the reason (through `playguard:poison`, so the dead entry is
+//! built from the exact string in Rust).
 //! Before its jobs go back, a dead process's token locks are released from the record its
 //! cycles keep in `playguard:locks:<identity>` (compare-and-delete on each lock key), so a
 //! recovered cycle is not skipped as "already locked" by its own dead holder.
@@ -13,8 +15,7 @@
 use crate::error_class;
 use crate::identity::hostname;
 use crate::liveness::{alive_key, FETCHERS_KEY};
-use crate::payload::{dump, now_value, uses_millis};
-use crate::runtime::{working_key, Runtime};
+use crate::runtime::Runtime;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -22,15 +23,16 @@ use std::time::Duration;
 pub const MAX_RECOVERIES: u32 = 3;
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
 pub const POISON_KEY: &str = "playguard:poison";
-/// Prefix of the per-payload recovery counters: `playguard:recovered:<sha1 of the payload>`.
-pub const RECOVERED_KEY: &str = "playguard:recovered:";
+/// How many times each payload was recovered (field = sha1 of the payload).
+pub const RECOVERED_KEY: &str = "playguard:recovered";
+/// When each counted payload was last recovered; a count untouched this long is forgotten.
+pub const RECOVERED_AT_KEY: &str = "playguard:recovered:at";
+const RECOVERY_MEMORY: Duration = Duration::from_secs(7 * 24 * 3600);
 
 static RECOVER: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/recover.lua")));
 static RELEASE_LOCKS: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/locks_release.lua")));
-static DRAIN: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/drain.lua")));
 
 /// Whether a process on this host with that pid is certainly gone.
 fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
@@ -153,15 +155,20 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
         let force = local_pid_gone(&identity, ns);
         // Locks first: a job recovered before its lock is free would be skipped and acked.
         release_locks_of(rt, &identity, force).await?;
+        let now = crate::payload::now_f64();
         let mut inv = RECOVER.key(FETCHERS_KEY);
         inv.key(alive_key(&identity))
             .key(RECOVERED_KEY)
+            .key(RECOVERED_AT_KEY)
             .key(POISON_KEY)
             .arg(&identity)
             .arg(MAX_RECOVERIES)
-            .arg(if force { "1" } else { "0" });
+            .arg(if force { "1" } else { "0" })
+            .arg(now)
+            .arg(now - RECOVERY_MEMORY.as_secs_f64());
         for q in &queues {
-            inv.arg(q);
+            inv.key(crate::fetch::working_key(&identity, q))
+                .key(crate::queues::queue_key(q));
         }
         // One identity that cannot be recovered (say, a working list of the wrong type) must
         // not stop the sweep for all the others: log it and go on; its entry stays.
@@ -178,10 +185,10 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
             .first()
             .and_then(|v| redis::from_redis_value_ref(v).ok())
             .unwrap_or(0);
-        for q in &reply[1.min(reply.len())..] {
-            let q: String = redis::from_redis_value_ref(q).unwrap_or_default();
-            tracing::error!(dead_process = %identity, queue = %q,
-                "orphan sweep: queue:{q} is not a list; its jobs stay in the dead process's working list");
+        for key in &reply[1.min(reply.len())..] {
+            let key: String = redis::from_redis_value_ref(key).unwrap_or_default();
+            tracing::error!(dead_process = %identity, queue = %key.strip_prefix("queue:").unwrap_or(&key),
+                "orphan sweep: {key} is not a list; its jobs stay in the dead process's working list");
         }
         if n > 0 {
             tracing::warn!(dead_process = %identity, jobs = n,
@@ -203,27 +210,14 @@ async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
         .query_async(&mut conn)
         .await?;
     for raw in pills {
-        let payload = match serde_json::from_slice::<Value>(&raw) {
-            Ok(Value::Object(mut msg)) => {
-                let millis = uses_millis(&msg);
-                msg.insert("error_class".into(), Value::from(error_class::POISON_ERROR));
-                msg.insert(
-                    "error_message".into(),
-                    Value::from(format!(
-                        "recovered {MAX_RECOVERIES} times from workers that died while running it \
-                         (killed, OOM or lost host); not run again"
-                    )),
-                );
-                if msg.get("retry_count").and_then(Value::as_i64).unwrap_or(0) > 0 {
-                    msg.insert("retried_at".into(), now_value(millis));
-                } else {
-                    msg.insert("failed_at".into(), now_value(millis));
-                    msg.insert("retry_count".into(), Value::from(0));
-                }
-                dump(&msg).into_bytes()
-            }
-            _ => raw.clone(),
-        };
+        let payload = crate::retry::dead_entry(
+            &raw,
+            error_class::POISON_ERROR,
+            &format!(
+                "recovered {MAX_RECOVERIES} times from workers that died while running it \
+                 (killed, OOM or lost host); not run again"
+            ),
+        );
         tracing::error!(payload = %String::from_utf8_lossy(&raw), "poison pill: moved to the dead set");
         let mut pipe = redis::pipe();
         pipe.atomic();
@@ -232,27 +226,6 @@ async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
         pipe.query_async::<()>(&mut conn).await?;
     }
     Ok(())
-}
-
-/// At a clean stop: anything still in our own working lists goes back to its queue head.
-pub async fn drain_own(rt: &Runtime) -> redis::RedisResult<i64> {
-    let mut inv = DRAIN.prepare_invoke();
-    for q in rt.config.queues.names() {
-        inv.key(working_key(&rt.identity, &q))
-            .key(format!("queue:{q}"));
-    }
-    let mut conn = rt.conn.clone();
-    let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
-    for key in reply.iter().skip(1) {
-        let key: String = redis::from_redis_value_ref(key)?;
-        tracing::error!(
-            "{key} is not a list: its jobs stay in our working list, for the orphan sweep"
-        );
-    }
-    match reply.first() {
-        Some(n) => Ok(redis::from_redis_value_ref(n)?),
-        None => Ok(0),
-    }
 }
 
 /// Sweep now and every SWEEP_EVERY until stopping.

@@ -1,7 +1,7 @@
-//! Batched acknowledgements for reliable fetch: finished jobs are removed from
+//! Reliable fetch's batched acknowledgements: finished jobs are removed from
 //! `playguard:working:<identity>:<q>` by one pipeline of `LREM key -1 payload` per batch
 //! instead of one round trip per job, so a slot is free again as soon as its job is done. At
-//! shutdown the acker is drained before the working lists are, so a finished job is never
+//! shutdown the acks are flushed before the working lists are, so a finished job is never
 //! pushed back.
 //!
 //! Plain commands, not a script: each LREM is atomic on its own (a job is in its working list
@@ -16,19 +16,19 @@ const MAX_BATCH: usize = 512;
 
 type Ack = (String, Vec<u8>);
 
-pub struct Acker {
+pub(super) struct Acks {
     tx: std::sync::Mutex<Option<mpsc::UnboundedSender<Ack>>>,
     /// Acks queued or being sent, not yet confirmed by Redis.
     pending: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
-impl Acker {
-    pub fn start(conn: crate::redis_conn::Conn) -> Acker {
+impl Acks {
+    pub fn start(conn: crate::redis_conn::Conn) -> Acks {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let task = tokio::spawn(run(conn, rx, pending.clone()));
-        Acker {
+        Acks {
             tx: std::sync::Mutex::new(Some(tx)),
             pending,
             task: tokio::sync::Mutex::new(Some(task)),

@@ -1,0 +1,244 @@
+//! Fetching: the loop that keeps every free slot fed, in Sidekiq's strict / weighted queue
+//! order (`queues.rs`). While the queues are busy it takes a batch for the free slots in one
+//! round trip; when they are empty it arms the blocking pops (`blockers.rs`) and waits. How a
+//! job is taken, acknowledged, requeued and drained is the fetch strategy's business
+//! (`strategy.rs`: `reliable.rs` or `basic.rs`); this loop never asks which one runs.
+//! Keys: those of the strategy.
+
+mod acks;
+mod basic;
+mod blockers;
+mod reliable;
+mod strategy;
+
+pub use reliable::working_key;
+pub use strategy::FetchStrategy;
+
+use crate::processor;
+use crate::runtime::Runtime;
+use crate::unit_of_work::UnitOfWork;
+use blockers::{Blocker, Delivery, ERROR_PAUSE};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinSet;
+
+/// How long quiet waits for blocked pops to come back: past their reply deadline, so a pop
+/// that already happened is never abandoned while its reply is still on the way.
+const BLOCKERS_GRACE: Duration =
+    Duration::from_secs(crate::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
+/// Most jobs one batch takes.
+const MAX_BATCH: usize = 256;
+/// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
+const MAX_BRPOP_CONNECTIONS: usize = 64;
+
+/// Quiet came while the loop held jobs it had not started.
+struct Quieted;
+
+/// The fetch loop's state between rounds.
+struct FetchLoop {
+    rt: Arc<Runtime>,
+    slots: Arc<Semaphore>,
+    blockers: Vec<Blocker>,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    /// Fetched, not yet started (last = next to start).
+    held: Vec<UnitOfWork>,
+    /// The last blocking round timed out: the queues are idle.
+    idle: bool,
+    /// A fetch failed in a way that may have moved a job into our working list without
+    /// telling us; cleared by a rescue drain once we are fully idle.
+    may_hide_jobs: bool,
+}
+
+impl FetchLoop {
+    /// Take a delivery in hand: its blocker is free again.
+    fn take(&mut self, d: Delivery) {
+        self.blockers[d.from].disarm();
+        self.may_hide_jobs |= d.failed;
+        self.held.extend(d.job);
+    }
+
+    fn take_ready(&mut self) {
+        while let Ok(d) = self.deliveries.try_recv() {
+            self.take(d);
+        }
+    }
+
+    /// Start whatever we hold, as slots allow. Biased: once quiet, a job not yet started goes
+    /// back, never into a free slot.
+    async fn start_held(&mut self) -> Result<(), Quieted> {
+        while let Some(job) = self.held.pop() {
+            let permit = tokio::select! {
+                biased;
+                _ = self.rt.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
+                p = self.slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+            };
+            let rt = self.rt.clone();
+            tokio::spawn(async move {
+                processor::process(&rt, job).await;
+                drop(permit);
+            });
+        }
+        Ok(())
+    }
+
+    /// Fully idle after a fetch whose reply was lost: anything in our working lists now is a
+    /// job that fetch moved there. Nothing runs, no ack waits, no pop is in flight, and only
+    /// this loop adds to the lists, so push them all back to their queues.
+    async fn rescue_if_idle(&mut self) -> bool {
+        let rt = &self.rt;
+        if !self.may_hide_jobs
+            || self.slots.available_permits() != rt.config.concurrency
+            || rt.fetch.acks_pending() != 0
+            || self.blockers.iter().any(Blocker::is_armed)
+        {
+            return false;
+        }
+        match rt.fetch.drain(&rt.config.queues.names()).await {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::warn!(
+                        jobs = n,
+                        "returned jobs a failed fetch had moved into our working list"
+                    );
+                }
+                self.may_hide_jobs = false;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fetch: could not check our working lists");
+                false
+            }
+        }
+    }
+
+    /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
+    async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
+        let rt = self.rt.clone();
+        let want = rt.fetch.waits_to_arm(self.blockers.len(), free, self.idle);
+        let mut armed = self.blockers.iter().filter(|b| b.is_armed()).count();
+        for b in &self.blockers {
+            if armed >= want {
+                break;
+            }
+            if b.arm() {
+                armed += 1;
+            }
+        }
+        tokio::select! {
+            d = self.deliveries.recv() => match d {
+                Some(d) => {
+                    let got = d.job.is_some();
+                    self.idle = !got;
+                    self.take(d);
+                    if got && rt.fetch.one_delivery_ends_waits() && self.blockers.len() > 1 {
+                        blockers::unblock(&rt, &self.blockers).await;
+                    }
+                    Ok(())
+                }
+                None => Err(Quieted),
+            },
+            _ = rt.shutdown.quieted() => Err(Quieted),
+        }
+    }
+
+    /// One round: start what we hold, wait for a free slot, then take a batch or block.
+    async fn round(&mut self) -> Result<(), Quieted> {
+        self.start_held().await?;
+        let rt = self.rt.clone();
+        let free = tokio::select! {
+            biased;
+            _ = rt.shutdown.quieted() => return Err(Quieted),
+            p = self.slots.clone().acquire_owned() => { drop(p); self.slots.available_permits() }
+        };
+        self.take_ready();
+        if !self.held.is_empty() {
+            self.idle = false;
+            return Ok(());
+        }
+        // A process whose liveness lease lapsed takes no work until a heartbeat lands again.
+        if !rt.liveness.is_live() {
+            tracing::warn!("liveness lease lapsed: not fetching until a heartbeat lands");
+            return tokio::select! {
+                _ = rt.liveness.live() => Ok(()),
+                _ = rt.shutdown.quieted() => Err(Quieted),
+            };
+        }
+        // Queues busy: take what the free slots can run. Only when that finds nothing do we
+        // block.
+        let order = rt.config.queues.order();
+        match rt
+            .fetch
+            .take(&order, free.min(MAX_BATCH), rt.liveness.epoch())
+            .await
+        {
+            Ok(v) if !v.is_empty() => {
+                rt.metrics.fetch_batch(v.len());
+                self.idle = false;
+                self.held = v;
+                self.held.reverse(); // started from the end: keep fetch order
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.may_hide_jobs |= rt.fetch.lost_reply_may_hide_jobs();
+                tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
+                return tokio::select! {
+                    _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
+                    _ = rt.shutdown.quieted() => Err(Quieted),
+                };
+            }
+        }
+        if self.rescue_if_idle().await {
+            return Ok(());
+        }
+        self.wait_for_work(free).await
+    }
+}
+
+/// The fetch loop: runs until quiet/stop, starting one processor task per job, never more
+/// than `concurrency` at once. Jobs that arrive after quiet are pushed straight back.
+pub async fn run(rt: Arc<Runtime>, slots: Arc<Semaphore>) {
+    let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
+    let mut tasks = JoinSet::new();
+    let waits = rt.fetch.waits(
+        &rt.config.queues.names(),
+        rt.config.concurrency,
+        MAX_BRPOP_CONNECTIONS,
+    );
+    let blockers = waits
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| blockers::spawn(i, rt.clone(), w, tx.clone(), &mut tasks))
+        .collect();
+    drop(tx);
+    let mut lp = FetchLoop {
+        rt: rt.clone(),
+        slots,
+        blockers,
+        deliveries,
+        held: Vec::new(),
+        idle: false,
+        may_hide_jobs: false,
+    };
+    while lp.round().await.is_ok() {}
+    // Quiet: end the blocked pops and hand back everything fetched but not started.
+    blockers::unblock(&rt, &lp.blockers).await;
+    // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
+    // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
+    // still move stays in our working list, which the orphan sweep returns once we are gone).
+    let wait_all = async { while tasks.join_next().await.is_some() {} };
+    if tokio::time::timeout(BLOCKERS_GRACE, wait_all)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "fetch: a blocking pop did not return (Redis unreachable?); not waiting for it"
+        );
+        tasks.abort_all();
+    }
+    lp.take_ready();
+    for job in std::mem::take(&mut lp.held) {
+        rt.fetch.requeue_logged(&job).await;
+    }
+}
