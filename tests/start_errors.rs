@@ -46,7 +46,8 @@ fn serve(stream: TcpStream, on_info: OnInfo) {
             Some("INFO") => match on_info {
                 OnInfo::Drop => return,
                 OnInfo::Version(v) => {
-                    let body = format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
+                    let body =
+                        format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
                     format!("${}\r\n{body}\r\n", body.len())
                 }
             },
@@ -77,7 +78,10 @@ fn playguard(sub: &str, url: &str, p: &Project) -> (Option<i32>, String) {
         .current_dir(p.path())
         .output()
         .unwrap();
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn project() -> Project {
@@ -91,7 +95,10 @@ fn connection_dropped_during_info_is_an_unreachable_redis() {
     for sub in ["run", "check"] {
         let (code, err) = playguard(sub, &url, &p);
         assert_eq!(code, Some(1), "{sub}: {err}");
-        assert!(err.contains(&format!("cannot reach Redis at {url}")), "{sub}: {err}");
+        assert!(
+            err.contains(&format!("cannot reach Redis at {url}")),
+            "{sub}: {err}"
+        );
         assert!(!err.contains("configuration error"), "{sub}: {err}");
     }
 }
@@ -104,7 +111,9 @@ fn too_old_redis_is_refused_by_name() {
         let (code, err) = playguard(sub, &url, &p);
         assert_eq!(code, Some(2), "{sub}: {err}");
         assert!(
-            err.contains(&format!("Redis 5.0.0 at {url} is too old: playguard needs 6.2 or newer")),
+            err.contains(&format!(
+                "Redis 5.0.0 at {url} is too old: playguard needs 6.2 or newer"
+            )),
             "{sub}: {err}"
         );
         assert!(!err.contains("cannot reach"), "{sub}: {err}");
