@@ -4,6 +4,8 @@
 
 use crate::config::{self, Config};
 use crate::handler::Registry;
+use crate::launcher::StartError;
+use crate::manifest_jobs;
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -309,20 +311,17 @@ fn run(a: RunArgs, registry: Registry) -> i32 {
     let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
     match runtime().block_on(fut) {
         Ok(()) => 0,
-        // One line, on stderr: configuration errors exit 2, an unreachable Redis 1.
-        Err(e @ crate::launcher::StartError::Config(_)) => {
-            eprintln!("playguard: configuration error: {e}");
-            2
-        }
-        Err(e @ crate::launcher::StartError::Database { .. }) => {
-            eprintln!("playguard: {e}");
-            1
-        }
-        Err(e) => {
-            eprintln!("playguard: {e}");
-            1
-        }
+        Err(e) => start_failed(&e),
     }
+}
+
+/// One line on stderr for a failed start (or `check`), and the exit code it calls for.
+fn start_failed(e: &StartError) -> i32 {
+    match e {
+        StartError::Config(_) => eprintln!("playguard: configuration error: {e}"),
+        _ => eprintln!("playguard: {e}"),
+    }
+    e.exit_code()
 }
 
 fn enqueue(a: EnqueueArgs) -> i32 {
@@ -401,51 +400,48 @@ fn parse_arg(s: &str) -> Result<serde_json::Value, serde_json::Error> {
 }
 
 fn check(a: CheckArgs, registry: &Registry) -> i32 {
-    let m = match crate::launcher::load_manifest(&a.jobs, registry) {
+    let m = match manifest_jobs::load_manifest(&a.jobs, registry) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("playguard: bad manifest: {e}");
-            return 2;
+            return StartError::Config(e).exit_code();
         }
     };
     let database = match check_database(&a, &m, registry) {
         Ok(d) => d,
-        Err((code, line)) => {
-            eprintln!("playguard: {line}");
-            return code;
-        }
+        Err(e) => return start_failed(&e),
     };
+    let url = crate::redact::url(&a.redis.url);
     let res = runtime().block_on(async {
-        let client = crate::redis_conn::client(&a.redis.url).map_err(|e| e.to_string())?;
+        let unreachable = |err| StartError::RedisUnreachable {
+            url: url.clone(),
+            err,
+        };
+        let client = crate::redis_conn::client(&a.redis.url).map_err(unreachable)?;
         let mut conn = crate::redis_conn::shared(&client)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(unreachable)?;
         redis::cmd("PING")
             .query_async::<()>(&mut conn)
             .await
-            .map_err(|e| e.to_string())?;
-        let version = crate::redis_conn::check_server(&mut conn).await?;
-        Ok::<_, String>(match conn.primary() {
+            .map_err(unreachable)?;
+        let version = crate::redis_conn::check_server(&mut conn)
+            .await
+            .map_err(|e| StartError::from_server(&url, e))?;
+        Ok::<_, StartError>(match conn.primary() {
             Some(p) => format!("{version} (primary {p})"),
             None => version,
         })
     });
     match res {
-        Err(e) => {
-            eprintln!(
-                "playguard: cannot reach Redis at {}: {e}",
-                crate::redact::url(&a.redis.url)
-            );
-            1
-        }
+        Err(e) => start_failed(&e),
         Ok(version) => {
             println!(
-                "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {} answers",
+                "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {url} answers",
                 m.jobs.len(),
                 a.jobs.display(),
                 m.periodic.len(),
                 registry.classes().len(),
-                crate::redact::url(&a.redis.url)
             );
             if let Some(line) = database {
                 println!("ok: {line}");
@@ -461,40 +457,25 @@ fn check_database(
     a: &CheckArgs,
     m: &crate::manifest::Manifest,
     registry: &Registry,
-) -> Result<Option<String>, (i32, String)> {
-    use crate::fence_store::FenceSource;
+) -> Result<Option<String>, StartError> {
     let url = a.database.database_url.as_deref().filter(|u| !u.is_empty());
-    let mut needing = registry.needing_database();
-    needing.extend(
-        m.jobs
-            .iter()
-            .filter(|j| {
-                j.lock
-                    .as_ref()
-                    .is_some_and(|l| l.fence_source() == FenceSource::Database)
-            })
-            .map(|j| j.class.clone()),
-    );
+    let needing = manifest_jobs::needing_database(m, registry);
     if url.is_none() && !needing.is_empty() {
-        return Err((
-            2,
-            format!(
-                "configuration error: {}",
-                crate::launcher::missing_database(&needing)
-            ),
-        ));
+        return Err(StartError::Config(manifest_jobs::missing_database(
+            &needing,
+        )));
     }
     let Some(url) = url else {
         return Ok(None);
     };
     let db = crate::db::Db::new(url, "playguard-check")
-        .map_err(|e| (2, format!("configuration error: {e}")))?;
-    let version = runtime().block_on(db.server_version()).map_err(|e| {
-        (
-            1,
-            format!("cannot reach PostgreSQL at {}: {e}", db.shown_url()),
-        )
-    })?;
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let version = runtime()
+        .block_on(db.server_version())
+        .map_err(|e| StartError::Database {
+            url: db.shown_url().to_string(),
+            err: e.to_string(),
+        })?;
     Ok(Some(format!(
         "PostgreSQL {version} at {} answers",
         db.shown_url()

@@ -5,11 +5,10 @@
 
 use crate::config::Config;
 use crate::handler::Registry;
-use crate::manifest::Manifest;
 use crate::runtime::Runtime;
 use crate::shutdown::Shutdown;
 use crate::work::WorkState;
-use crate::{fetch, heartbeat, periodic, scheduled, sweeper};
+use crate::{fetch, heartbeat, manifest_jobs, periodic, scheduled, sweeper};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -18,14 +17,81 @@ use tracing::Instrument;
 /// Extra time after the deadline for killed phases to exit and jobs to be pushed back.
 const AFTER_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Why a worker did not start. The CLI turns each into one stderr line and `exit_code`
+/// (README: a configuration error exits 2, an unreachable Redis 1).
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("cannot reach Redis at {url}: {err}")]
-    Redis { url: String, err: redis::RedisError },
-    #[error("cannot reach PostgreSQL at {url}: {err}")]
-    Database { url: String, err: String },
+    /// A bad flag, URL or manifest, no job class, a missing database URL.
     #[error("{0}")]
     Config(String),
+    /// Redis did not answer, or dropped the connection while we asked it something.
+    #[error("cannot reach Redis at {url}: {err}")]
+    RedisUnreachable { url: String, err: redis::RedisError },
+    /// Redis answers but is older than `redis_conn::MIN_SERVER`: retrying will not help.
+    #[error("Redis {version} at {url} is too old: playguard needs {}.{} or newer",
+        crate::redis_conn::MIN_SERVER.0, crate::redis_conn::MIN_SERVER.1)]
+    RedisTooOld { url: String, version: String },
+    #[error("cannot reach PostgreSQL at {url}: {err}")]
+    Database { url: String, err: String },
+}
+
+impl StartError {
+    /// What `check_server` found wrong with the Redis at `url` (shown redacted).
+    pub fn from_server(url: &str, e: crate::redis_conn::ServerError) -> StartError {
+        use crate::redis_conn::ServerError;
+        match e {
+            ServerError::Unreachable(err) => StartError::RedisUnreachable {
+                url: url.to_string(),
+                err,
+            },
+            ServerError::TooOld { version } => StartError::RedisTooOld {
+                url: url.to_string(),
+                version,
+            },
+        }
+    }
+
+    /// The process exit code: 2 for what only a change of configuration (or of server)
+    /// fixes, 1 for a server that may answer later.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StartError::Config(_) | StartError::RedisTooOld { .. } => 2,
+            StartError::RedisUnreachable { .. } | StartError::Database { .. } => 1,
+        }
+    }
+}
+
+/// Whether `run_with` listens for OS signals itself (the binary) or leaves them to the
+/// embedder, who stops the worker through its `Shutdown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signals {
+    Handle,
+    Ignore,
+}
+
+/// What an OS signal or a remote signal (Sidekiq's `<identity>-signals` list) asks for,
+/// parsed once where it arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// TERM or INT (the name, for the log line): stop; a second one moves the deadline to now.
+    Stop(&'static str),
+    /// TSTP: stop fetching, keep running jobs.
+    Quiet,
+    /// TTIN: log what every busy slot is doing.
+    DumpSlots,
+}
+
+impl Signal {
+    /// The signal named `name` ("TERM", "TSTP", ...), or None for one we do not act on.
+    fn parse(name: &str) -> Option<Signal> {
+        match name {
+            "TERM" => Some(Signal::Stop("TERM")),
+            "INT" => Some(Signal::Stop("INT")),
+            "TSTP" => Some(Signal::Quiet),
+            "TTIN" => Some(Signal::DumpSlots),
+            _ => None,
+        }
+    }
 }
 
 /// Log what every busy slot is doing (TTIN).
@@ -43,32 +109,40 @@ fn dump_slots(rt: &Runtime) {
     }
 }
 
-fn apply_signal(rt: &Runtime, sig: &str, remote: bool) {
+fn apply_signal(rt: &Runtime, sig: Signal, remote: bool) {
     let from = if remote { "remote " } else { "" };
     match sig {
-        "TERM" | "INT" => {
+        Signal::Stop(name) => {
             let again = rt.shutdown.is_stopping();
             rt.shutdown.stop(rt.config.timeout);
             if again {
-                tracing::warn!("{from}{sig} again: shutdown deadline moved to now");
+                tracing::warn!("{from}{name} again: shutdown deadline moved to now");
             } else {
                 tracing::info!(
                     timeout_secs = rt.config.timeout.as_secs_f64(),
-                    "{from}{sig}: shutting down; running jobs get until the deadline"
+                    "{from}{name}: shutting down; running jobs get until the deadline"
                 );
             }
         }
-        "TSTP" => {
+        Signal::Quiet => {
             rt.shutdown.quiet();
             tracing::info!("{from}TSTP: quiet, no new jobs will be fetched");
         }
-        "TTIN" => dump_slots(rt),
-        other => tracing::info!("{from}{other}: ignored"),
+        Signal::DumpSlots => dump_slots(rt),
     }
 }
 
-async fn signals(rt: Arc<Runtime>) {
+/// A remote signal (a string from `<identity>-signals`): act on it, or log that it is ignored.
+fn apply_remote(rt: &Runtime, name: &str) {
+    match Signal::parse(name) {
+        Some(sig) => apply_signal(rt, sig, true),
+        None => tracing::info!("remote {name}: ignored"),
+    }
+}
+
+async fn listen_for_signals(rt: Arc<Runtime>) {
     use tokio::signal::unix::{signal, SignalKind};
+    // USR1 and USR2 are listened for only so that they are logged, not fatal (their default).
     let kinds = [
         ("TERM", SignalKind::terminate()),
         ("INT", SignalKind::interrupt()),
@@ -77,14 +151,15 @@ async fn signals(rt: Arc<Runtime>) {
         ("USR1", SignalKind::user_defined1()),
         ("USR2", SignalKind::user_defined2()),
     ];
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, Option<Signal>)>();
     for (name, kind) in kinds {
+        let sig = Signal::parse(name);
         match signal(kind) {
             Ok(mut s) => {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     while s.recv().await.is_some() {
-                        if tx.send(name).is_err() {
+                        if tx.send((name, sig)).is_err() {
                             return;
                         }
                     }
@@ -93,8 +168,11 @@ async fn signals(rt: Arc<Runtime>) {
             Err(e) => tracing::warn!("cannot listen for SIG{name}: {e}"),
         }
     }
-    while let Some(name) = rx.recv().await {
-        apply_signal(&rt, name, false);
+    while let Some((name, sig)) = rx.recv().await {
+        match sig {
+            Some(sig) => apply_signal(&rt, sig, false),
+            None => tracing::info!("{name}: ignored"),
+        }
     }
 }
 
@@ -128,57 +206,11 @@ async fn regained(rt: &Runtime) {
 async fn heartbeat_loop(rt: Arc<Runtime>, info: String) {
     loop {
         match beat_once(&rt, &info).await {
-            Ok(Some(sig)) => apply_signal(&rt, &sig, true),
+            Ok(Some(sig)) => apply_remote(&rt, &sig),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
         }
         tokio::time::sleep(rt.config.beat_interval).await;
-    }
-}
-
-/// Load and check the manifests: every command must exist, and a worker with no job class
-/// at all (a wrong working directory, a mistyped -j) refuses to start rather than fail every
-/// job it takes.
-pub fn load_manifest(dir: &std::path::Path, registry: &Registry) -> Result<Manifest, StartError> {
-    let manifest = Manifest::load(dir).map_err(|e| StartError::Config(e.to_string()))?;
-    manifest
-        .check_commands()
-        .map_err(|e| StartError::Config(e.to_string()))?;
-    // (A dispatch-only process, with [[periodic]] entries and no job class, is fine.)
-    if manifest.jobs.is_empty() && manifest.periodic.is_empty() && registry.classes().is_empty() {
-        let cwd = std::env::current_dir()
-            .map(|d| d.display().to_string())
-            .unwrap_or_default();
-        return Err(StartError::Config(format!(
-            "no job classes: {} holds no [[job]] or [[periodic]] manifests (working directory {cwd}) and no Rust handler is registered",
-            dir.display()
-        )));
-    }
-    let known: Vec<&str> = manifest.jobs.iter().map(|j| j.class.as_str()).collect();
-    for p in &manifest.periodic {
-        if !known.contains(&p.class.as_str()) && !registry.contains(&p.class) {
-            tracing::warn!(periodic = %p.name, class = %p.class,
-                "periodic entry enqueues a class this worker does not define (fine if another worker runs it)");
-        }
-    }
-    Ok(manifest)
-}
-
-/// Register a command or phased job for every manifest entry.
-pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
-    for j in &manifest.jobs {
-        if j.phases.is_empty() {
-            registry.register(
-                j.class.clone(),
-                crate::command_job::CommandJob {
-                    argv: j.run.clone().unwrap_or_default(),
-                    timeout: j.timeout_secs.map(Duration::from_secs),
-                    inherit: j.env.clone(),
-                },
-            );
-        } else {
-            registry.register_arc(j.class.clone(), crate::reconcile::from_manifest(j));
-        }
     }
 }
 
@@ -214,27 +246,6 @@ async fn reach_redis(
     }
 }
 
-/// Classes with `fence = "database"` need a database URL: refuse to start without one.
-pub fn check_database_needs(
-    database_url: Option<&str>,
-    registry: &Registry,
-) -> Result<(), StartError> {
-    let needing = registry.needing_database();
-    if database_url.is_none() && !needing.is_empty() {
-        return Err(StartError::Config(missing_database(&needing)));
-    }
-    Ok(())
-}
-
-/// The one line for classes that need a database URL when none is set.
-pub fn missing_database(classes: &[String]) -> String {
-    format!(
-        "{} take{} fences from PostgreSQL (fence = \"database\") but no database URL is set (DATABASE_URL or --database-url)",
-        classes.join(", "),
-        if classes.len() == 1 { "s" } else { "" }
-    )
-}
-
 /// Parse the database URL, reach the server and create the tables when missing.
 async fn open_database(
     config: &Config,
@@ -258,32 +269,36 @@ async fn open_database(
 /// Run a worker until a signal tells it to stop. `registry` holds Rust handlers; manifest
 /// entries from `config.jobs_dir` are added to it.
 pub async fn run(config: Config, registry: Registry) -> Result<(), StartError> {
-    run_with(config, registry, Shutdown::new(), true).await
+    run_with(config, registry, Shutdown::new(), Signals::Handle).await
 }
 
-/// Run a worker that stops when `shutdown` says so (for embedding and tests); `signals`
-/// also listens for TERM/INT/TSTP/TTIN.
+/// Run a worker that stops when `shutdown` says so (for embedding and tests); with
+/// `Signals::Handle` it also listens for TERM/INT/TSTP/TTIN.
 pub async fn run_with(
     config: Config,
     mut registry: Registry,
     shutdown: Shutdown,
-    signals_too: bool,
+    signals: Signals,
 ) -> Result<(), StartError> {
-    let manifest = load_manifest(&config.jobs_dir, &registry)?;
-    register_manifest(&mut registry, &manifest);
-    check_database_needs(config.database_url.as_deref(), &registry)?;
+    let manifest =
+        manifest_jobs::load_manifest(&config.jobs_dir, &registry).map_err(StartError::Config)?;
+    manifest_jobs::register_manifest(&mut registry, &manifest);
+    manifest_jobs::check_database_needs(config.database_url.as_deref(), &registry)
+        .map_err(StartError::Config)?;
     let url = crate::redact::url(&config.redis_url);
-    let redis_err = |err| StartError::Redis {
-        url: url.clone(),
-        err,
-    };
     // A URL that does not parse is a configuration error, not an unreachable server.
     let client = crate::redis_conn::client(&config.redis_url)
         .map_err(|e| StartError::Config(format!("bad Redis URL {url:?}: {e}")))?;
-    let mut conn = reach_redis(&client, &url).await.map_err(redis_err)?;
+    let mut conn =
+        reach_redis(&client, &url)
+            .await
+            .map_err(|err| StartError::RedisUnreachable {
+                url: url.clone(),
+                err,
+            })?;
     let version = crate::redis_conn::check_server(&mut conn)
         .await
-        .map_err(|e| StartError::Config(format!("{url}: {e}")))?;
+        .map_err(|e| StartError::from_server(&url, e))?;
     // Behind sentinels, the start line names the primary they led us to.
     let version = match conn.primary() {
         Some(p) => format!("{version} at primary {p}"),
@@ -343,8 +358,8 @@ pub async fn run_with(
     let rt2 = rt.clone();
     let signal_task = tokio::spawn(
         async move {
-            if signals_too {
-                signals(rt2).await
+            if signals == Signals::Handle {
+                listen_for_signals(rt2).await
             }
         }
         .instrument(root.clone()),
@@ -403,4 +418,47 @@ pub async fn run_with(
     }
     tracing::info!("bye");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Signal, StartError};
+    use crate::redis_conn::ServerError;
+
+    #[test]
+    fn signals_are_parsed_once_by_name() {
+        assert_eq!(Signal::parse("TERM"), Some(Signal::Stop("TERM")));
+        assert_eq!(Signal::parse("INT"), Some(Signal::Stop("INT")));
+        assert_eq!(Signal::parse("TSTP"), Some(Signal::Quiet));
+        assert_eq!(Signal::parse("TTIN"), Some(Signal::DumpSlots));
+        for ignored in ["USR1", "USR2", "term", "KILL", ""] {
+            assert_eq!(Signal::parse(ignored), None, "{ignored:?}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_readme() {
+        let url = "redis://127.0.0.1:6379/0";
+        let dropped = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        let unreachable = StartError::from_server(url, ServerError::Unreachable(dropped));
+        assert!(matches!(unreachable, StartError::RedisUnreachable { .. }));
+        assert_eq!(unreachable.exit_code(), 1);
+        let old = StartError::from_server(
+            url,
+            ServerError::TooOld {
+                version: "5.0.0".into(),
+            },
+        );
+        assert_eq!(old.exit_code(), 2);
+        assert_eq!(
+            old.to_string(),
+            format!("Redis 5.0.0 at {url} is too old: playguard needs 6.2 or newer")
+        );
+        assert_eq!(StartError::Config("x".into()).exit_code(), 2);
+        let db = StartError::Database {
+            url: "postgres://db".into(),
+            err: "refused".into(),
+        };
+        assert_eq!(db.exit_code(), 1);
+    }
 }

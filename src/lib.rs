@@ -12,7 +12,8 @@
 //!   loops, runs the one-way shutdown of `shutdown`).
 //! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
 //!   registry) → `command_job` / `reconcile` → outcome via `retry`, settled by the `fetch` strategy.
-//! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml).
+//! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml),
+//!   `manifest_jobs` (manifest entries into the registry, and what they need to start).
 //! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
 //!   and `db` / `db_tls` (PostgreSQL).
 //! - Liveness and recovery: `heartbeat` (Sidekiq's process keys), `liveness` (our lease),
@@ -43,6 +44,7 @@ pub mod liveness;
 pub mod lock;
 pub mod logging;
 pub mod manifest;
+pub mod manifest_jobs;
 pub mod metrics;
 pub mod ops;
 pub mod payload;

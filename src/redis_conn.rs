@@ -348,8 +348,21 @@ pub fn server_version(info: &str) -> Option<(u32, u32, u32)> {
     Some((it.next()??, it.next()??, it.next().flatten().unwrap_or(0)))
 }
 
-/// PING, then refuse a server too old for the commands we send, with a clear message.
-pub async fn check_server(conn: &mut Conn) -> Result<String, String> {
+/// Why `check_server` refuses a server. The two exit differently (README): a server that
+/// stops answering is unreachable (exit 1), one that answers with an old version is refused
+/// by name (exit 2), so callers branch on this rather than on a message.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The connection failed while asking (dropped, timed out): as if Redis were not there.
+    #[error(transparent)]
+    Unreachable(#[from] redis::RedisError),
+    /// The server answered with a version older than `MIN_SERVER`.
+    #[error("Redis {version} is too old: playguard needs {}.{} or newer", MIN_SERVER.0, MIN_SERVER.1)]
+    TooOld { version: String },
+}
+
+/// Ask for the server's version and refuse one too old for the commands we send.
+pub async fn check_server(conn: &mut Conn) -> Result<String, ServerError> {
     let info: String = match redis::cmd("INFO").arg("server").query_async(conn).await {
         Ok(i) => i,
         // INFO renamed away or denied by ACL (it is in @dangerous), as on some managed
@@ -359,14 +372,13 @@ pub async fn check_server(conn: &mut Conn) -> Result<String, String> {
             tracing::warn!(error = %e, "cannot read the Redis version (INFO refused); assuming it is recent");
             return Ok("unknown".into());
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(ServerError::Unreachable(e)),
     };
     match server_version(&info) {
         Some((ma, mi, pa)) if (ma, mi) >= MIN_SERVER => Ok(format!("{ma}.{mi}.{pa}")),
-        Some((ma, mi, pa)) => Err(format!(
-            "Redis {ma}.{mi}.{pa} is too old: playguard needs {}.{} or newer",
-            MIN_SERVER.0, MIN_SERVER.1
-        )),
+        Some((ma, mi, pa)) => Err(ServerError::TooOld {
+            version: format!("{ma}.{mi}.{pa}"),
+        }),
         // Servers that speak the protocol but hide their version (proxies): let them try.
         None => Ok("unknown".into()),
     }

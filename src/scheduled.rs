@@ -55,7 +55,7 @@ pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
         let mut push = Push::default();
         for member in &due {
             match prepare(member) {
-                Some((payload, queue)) => push.to_queue(member, payload.into_bytes(), &queue),
+                Some((payload, queue)) => push.push_to(member, payload.into_bytes(), &queue),
                 None => {
                     tracing::error!(set, payload = %String::from_utf8_lossy(member),
                         "unreadable job in {set}: moved to dead as is");
@@ -98,7 +98,7 @@ struct Push {
 }
 
 impl Push {
-    fn to_queue(&mut self, member: &[u8], payload: Vec<u8>, queue: &str) {
+    fn push_to(&mut self, member: &[u8], payload: Vec<u8>, queue: &str) {
         let i = match self.queues.iter().position(|q| q == queue) {
             Some(i) => i,
             None => {

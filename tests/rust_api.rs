@@ -70,7 +70,7 @@ async fn rust_handlers_and_rust_phases_run_and_a_panicking_phase_releases_its_lo
         config(&redis),
         registry,
         shutdown.clone(),
-        false,
+        playguard::launcher::Signals::Ignore,
     ));
     push(&redis, "Greeter", serde_json::json!(["world"]));
     push(&redis, "RustCycle", serde_json::json!(["m1"]));
