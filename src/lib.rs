@@ -18,7 +18,8 @@
 //! - Liveness and recovery: `heartbeat` (Sidekiq's process keys), `liveness` (our lease),
 //!   `sweeper` (orphaned jobs and dead holders' locks), `work` (the slot table).
 //! - Side loops: `scheduled` (retry and schedule sets), `periodic` (the fan-out),
-//!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus endpoint).
+//!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus counters) and
+//!   `metrics_http` (their endpoint).
 //! - Connections: `redis_conn` (shared and blocking connections), `sentinel`.
 //! - Clients of the same keys: `enqueue`, `ops` (`playguard locks`, `playguard cycles`).
 //! - `logging`, `redact` (no secret in any printed line).
@@ -45,6 +46,7 @@ pub mod lock;
 pub mod logging;
 pub mod manifest;
 pub mod metrics;
+pub mod metrics_http;
 pub mod ops;
 pub mod payload;
 pub mod periodic;
