@@ -11,7 +11,8 @@
 //! - Start and stop: `cli` (flags) → `config` → `launcher` (builds the `runtime`, starts the
 //!   loops, runs the one-way shutdown of `shutdown`).
 //! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
-//!   registry) → `command_job` / `reconcile` → outcome via `retry` and `acker`.
+//!   registry) → `command_job` / `cycle` (the phased-lock engine; `reconcile` builds
+//!   manifest cycles of command phases) → outcome via `retry` and `acker`.
 //! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml).
 //! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
 //!   and `db` / `db_tls` (PostgreSQL).
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod command;
 pub mod command_job;
 pub mod config;
+pub mod cycle;
 pub mod db;
 pub mod db_tls;
 pub mod enqueue;
