@@ -54,7 +54,8 @@ pub const fn safety_margin(ttl: Duration) -> Duration {
 
 /// Why a renewal could not confirm ownership. Every variant means the same thing to the
 /// caller: stop the protected work now, then [`Lease::release`] (which is safe to call).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// (Not `Eq`: `RedisError` is only `PartialEq`, comparing error kinds.)
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LockLost {
     /// The key holds another acquisition's token: our lease ran out and someone took it.
     #[error("lock lost: the key now holds another owner's token")]
@@ -63,9 +64,10 @@ pub enum LockLost {
     #[error("lock lost: the key no longer exists (expired, deleted, or Redis lost it)")]
     Missing,
     /// Redis could not be asked (timeout, connection refused or dropped, script error).
-    /// We cannot prove we still own the lock, so we act as if we do not.
+    /// We cannot prove we still own the lock, so we act as if we do not. The error itself is
+    /// kept (also as the `source`), so callers can tell a timeout from a refused connection.
     #[error("lock lost: could not confirm ownership with Redis: {0}")]
-    Redis(String),
+    Redis(#[source] RedisError),
     /// Redis answered something the renew script never returns. Treated as lost rather
     /// than guessed at (redsync#38/#61 read a mismatched reply type as success).
     #[error("lock lost: unexpected reply from the renew script: {0}")]
@@ -234,7 +236,7 @@ impl Lease {
     }
 
     async fn renew_once(&mut self) -> Result<Instant, LockLost> {
-        let ttl_ms = ttl_millis(self.ttl).map_err(|e| LockLost::Redis(e.to_string()))?;
+        let ttl_ms = ttl_millis(self.ttl).map_err(LockLost::Redis)?;
         let sent_at = Instant::now();
         let reply: Value = RENEW
             .key(&self.key)
@@ -242,7 +244,7 @@ impl Lease {
             .arg(ttl_ms)
             .invoke_async(&mut self.conn)
             .await
-            .map_err(|e| LockLost::Redis(e.to_string()))?;
+            .map_err(LockLost::Redis)?;
         // Exact type and value: only the integer 1 means renewed.
         match reply {
             Value::Int(1) => Ok(sent_at),
