@@ -21,7 +21,8 @@
 //! - Side loops: `scheduled` (retry and schedule sets), `periodic` (the fan-out),
 //!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus counters) and
 //!   `metrics_http` (their endpoint).
-//! - Connections: `redis_conn` (shared and blocking connections), `sentinel`.
+//! - Connections: `redis_conn` (shared and blocking connections), `sentinel`, `redis_client`
+//!   (one server's client, TLS).
 //! - Clients of the same keys: `enqueue`, `ops` (`playguard locks`, `playguard cycles`).
 //! - `logging`, `redact` (no secret in any printed line).
 
@@ -56,6 +57,7 @@ pub mod processor;
 pub mod queues;
 pub mod reconcile;
 pub mod redact;
+pub mod redis_client;
 pub mod redis_conn;
 pub mod retry;
 pub mod runtime;
