@@ -128,6 +128,15 @@ fn unexpected(what: &'static str, reply: &Value) -> RedisError {
     RedisError::from((ErrorKind::UnexpectedReturnType, what, format!("{reply:?}")))
 }
 
+/// A script's yes/no reply: the integer 1 is `true`, 0 is `false`, anything else an error.
+fn one_or_zero(reply: Value, what: &'static str) -> RedisResult<bool> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(unexpected(what, &other)),
+    }
+}
+
 /// Who takes a lock, recorded atomically with the acquisition in `record` (the hash
 /// `playguard:locks:<identity>`, field = the lock key) as
 /// `{"token","jid","fence","label","class","acquired_at" (unix ms),"ttl_ms"}`, so the orphan
@@ -264,11 +273,7 @@ impl Lease {
             inv.key(r);
         }
         let reply: Value = inv.arg(&self.token).invoke_async(&mut c).await?;
-        match reply {
-            Value::Int(1) => Ok(true),
-            Value::Int(0) => Ok(false),
-            other => Err(unexpected("unexpected lock_release reply", &other)),
-        }
+        one_or_zero(reply, "unexpected lock_release reply")
     }
 
     /// The fencing number of this acquisition; pass it with every guarded write.
@@ -339,11 +344,7 @@ pub async fn fenced_set(
         .arg(value)
         .invoke_async(&mut c)
         .await?;
-    match reply {
-        Value::Int(1) => Ok(true),
-        Value::Int(0) => Ok(false),
-        other => Err(unexpected("unexpected fenced_set reply", &other)),
-    }
+    one_or_zero(reply, "unexpected fenced_set reply")
 }
 
 /// The hash of the token locks a process holds: field = lock key, value = the holder record

@@ -326,36 +326,35 @@ impl Metrics {
                 let _ = writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), h.total);
             }
         }
-        let gauges: [(&str, &str, i64); 2] = [
+        // The unlabelled families, read from their atomics: two gauges, then the fetch counters.
+        let singles: [(&str, &str, &str, String); 4] = [
             (
                 "playguard_busy_slots",
+                "gauge",
                 "Jobs running right now (the busy count the heartbeat publishes).",
-                self.busy_now(),
+                self.busy_now().to_string(),
             ),
             (
                 "playguard_concurrency",
+                "gauge",
                 "Slots this process runs jobs in.",
-                self.concurrency.load(Ordering::Relaxed),
+                self.concurrency.load(Ordering::Relaxed).to_string(),
             ),
-        ];
-        for (name, help, v) in gauges {
-            header(&mut out, name, "gauge", help);
-            let _ = writeln!(out, "{name} {v}");
-        }
-        let fetch: [(&str, &str, u64); 2] = [
             (
                 "playguard_fetched_jobs_total",
+                "counter",
                 "Jobs taken from Redis queues.",
-                self.fetched.load(Ordering::Relaxed),
+                self.fetched.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "playguard_fetch_calls_total",
+                "counter",
                 "Fetch round trips to Redis.",
-                self.fetch_calls.load(Ordering::Relaxed),
+                self.fetch_calls.load(Ordering::Relaxed).to_string(),
             ),
         ];
-        for (name, help, v) in fetch {
-            header(&mut out, name, "counter", help);
+        for (name, kind, help, v) in singles {
+            header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {v}");
         }
         out
