@@ -87,12 +87,7 @@ where
 {
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
         let fut = (self.0)(ctx);
-        Box::pin(async move {
-            match fut.await {
-                Ok(()) => Outcome::Done,
-                Err(f) => Outcome::Failed(f),
-            }
-        })
+        Box::pin(async move { fut.await.map_or_else(Outcome::Failed, |()| Outcome::Done) })
     }
 }
 

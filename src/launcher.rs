@@ -342,7 +342,7 @@ pub async fn run_with(
         std::sync::atomic::Ordering::Relaxed,
     );
     if let Some(addr) = rt.config.metrics_addr {
-        crate::metrics::serve(
+        crate::metrics_http::serve(
             addr,
             rt.metrics.clone(),
             rt.config.beat_interval.as_millis() as i64,

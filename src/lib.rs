@@ -11,7 +11,8 @@
 //! - Start and stop: `cli` (flags) → `config` → `launcher` (builds the `runtime`, starts the
 //!   loops, runs the one-way shutdown of `shutdown`).
 //! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
-//!   registry) → `command_job` / `reconcile` → outcome via `retry`, settled by the `fetch` strategy.
+//!   registry) → `command_job` / `cycle` (the phased-lock engine; `reconcile` builds
+//!   manifest cycles of command phases) → outcome via `retry`, settled by the `fetch` strategy.
 //! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml),
 //!   `manifest_jobs` (manifest entries into the registry, and what they need to start).
 //! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
@@ -19,8 +20,10 @@
 //! - Liveness and recovery: `heartbeat` (Sidekiq's process keys), `liveness` (our lease),
 //!   `sweeper` (orphaned jobs and dead holders' locks), `work` (the slot table).
 //! - Side loops: `scheduled` (retry and schedule sets), `periodic` (the fan-out),
-//!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus endpoint).
-//! - Connections: `redis_conn` (shared and blocking connections), `sentinel`.
+//!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus counters) and
+//!   `metrics_http` (their endpoint).
+//! - Connections: `redis_conn` (shared and blocking connections), `sentinel`, `redis_client`
+//!   (one server's client, TLS).
 //! - Clients of the same keys: `enqueue`, `ops` (`playguard locks`, `playguard cycles`).
 //! - `logging`, `redact` (no secret in any printed line).
 
@@ -28,6 +31,7 @@ pub mod cli;
 pub mod command;
 pub mod command_job;
 pub mod config;
+pub mod cycle;
 pub mod db;
 pub mod db_tls;
 pub mod enqueue;
@@ -46,6 +50,7 @@ pub mod logging;
 pub mod manifest;
 pub mod manifest_jobs;
 pub mod metrics;
+pub mod metrics_http;
 pub mod ops;
 pub mod payload;
 pub mod periodic;
@@ -53,6 +58,7 @@ pub mod processor;
 pub mod queues;
 pub mod reconcile;
 pub mod redact;
+pub mod redis_client;
 pub mod redis_conn;
 pub mod retry;
 pub mod runtime;

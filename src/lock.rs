@@ -54,7 +54,8 @@ pub const fn safety_margin(ttl: Duration) -> Duration {
 
 /// Why a renewal could not confirm ownership. Every variant means the same thing to the
 /// caller: stop the protected work now, then [`Lease::release`] (which is safe to call).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// (Not `Eq`: `RedisError` is only `PartialEq`, comparing error kinds.)
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum LockLost {
     /// The key holds another acquisition's token: our lease ran out and someone took it.
     #[error("lock lost: the key now holds another owner's token")]
@@ -63,9 +64,10 @@ pub enum LockLost {
     #[error("lock lost: the key no longer exists (expired, deleted, or Redis lost it)")]
     Missing,
     /// Redis could not be asked (timeout, connection refused or dropped, script error).
-    /// We cannot prove we still own the lock, so we act as if we do not.
+    /// We cannot prove we still own the lock, so we act as if we do not. The error itself is
+    /// kept (also as the `source`), so callers can tell a timeout from a refused connection.
     #[error("lock lost: could not confirm ownership with Redis: {0}")]
-    Redis(String),
+    Redis(#[source] RedisError),
     /// Redis answered something the renew script never returns. Treated as lost rather
     /// than guessed at (redsync#38/#61 read a mismatched reply type as success).
     #[error("lock lost: unexpected reply from the renew script: {0}")]
@@ -124,6 +126,15 @@ fn local_deadline(sent_at: Instant, ttl: Duration) -> Instant {
 
 fn unexpected(what: &'static str, reply: &Value) -> RedisError {
     RedisError::from((ErrorKind::UnexpectedReturnType, what, format!("{reply:?}")))
+}
+
+/// A script's yes/no reply: the integer 1 is `true`, 0 is `false`, anything else an error.
+fn one_or_zero(reply: Value, what: &'static str) -> RedisResult<bool> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        other => Err(unexpected(what, &other)),
+    }
 }
 
 /// Who takes a lock, recorded atomically with the acquisition in `record` (the hash
@@ -234,7 +245,7 @@ impl Lease {
     }
 
     async fn renew_once(&mut self) -> Result<Instant, LockLost> {
-        let ttl_ms = ttl_millis(self.ttl).map_err(|e| LockLost::Redis(e.to_string()))?;
+        let ttl_ms = ttl_millis(self.ttl).map_err(LockLost::Redis)?;
         let sent_at = Instant::now();
         let reply: Value = RENEW
             .key(&self.key)
@@ -242,7 +253,7 @@ impl Lease {
             .arg(ttl_ms)
             .invoke_async(&mut self.conn)
             .await
-            .map_err(|e| LockLost::Redis(e.to_string()))?;
+            .map_err(LockLost::Redis)?;
         // Exact type and value: only the integer 1 means renewed.
         match reply {
             Value::Int(1) => Ok(sent_at),
@@ -262,11 +273,7 @@ impl Lease {
             inv.key(r);
         }
         let reply: Value = inv.arg(&self.token).invoke_async(&mut c).await?;
-        match reply {
-            Value::Int(1) => Ok(true),
-            Value::Int(0) => Ok(false),
-            other => Err(unexpected("unexpected lock_release reply", &other)),
-        }
+        one_or_zero(reply, "unexpected lock_release reply")
     }
 
     /// The fencing number of this acquisition; pass it with every guarded write.
@@ -337,11 +344,7 @@ pub async fn fenced_set(
         .arg(value)
         .invoke_async(&mut c)
         .await?;
-    match reply {
-        Value::Int(1) => Ok(true),
-        Value::Int(0) => Ok(false),
-        other => Err(unexpected("unexpected fenced_set reply", &other)),
-    }
+    one_or_zero(reply, "unexpected fenced_set reply")
 }
 
 /// The hash of the token locks a process holds: field = lock key, value = the holder record

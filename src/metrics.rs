@@ -1,10 +1,11 @@
-//! Prometheus counters kept in memory and served as text on `--metrics-addr` (`/metrics`),
-//! plus `/health`, which fails once Redis has been unreachable for longer than a beat.
-//! Reads no Redis keys itself: the heartbeat reports its own success and the queue latencies
-//! (from `queue:<q>`) here, and attaches the slot table so busy slots are read live.
+//! Prometheus counters kept in memory, and their text exposition ([`Metrics::render`]);
+//! `metrics_http.rs` serves it on `--metrics-addr` with `/health`. Reads no Redis keys itself:
+//! the heartbeat reports its own success and the queue latencies (from `queue:<q>`) here, and
+//! the launcher attaches the slot table so busy slots are read live.
+//!
+//! Callers hand in plain labels ([`JobEnd`], [`JobFate`]), so this module needs neither the
+//! handler's `Outcome` nor the retry `Decision`.
 
-use crate::handler::Outcome;
-use crate::retry::Decision;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -16,10 +17,6 @@ use std::sync::{Mutex, OnceLock, Weak};
 const MAX_CLASS_LABELS: usize = 100;
 /// The label every class past MAX_CLASS_LABELS shares.
 const OTHER_CLASS: &str = "other";
-/// Connections served at once; one more is closed at once (a scraper needs one or two).
-const MAX_CONNECTIONS: usize = 64;
-/// How long a client may take to send its request head, and to take our answer.
-const IO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Upper bounds (seconds) of the duration histograms.
 const BUCKETS: [f64; 12] = [
@@ -47,10 +44,29 @@ impl Histogram {
 
 type Labels = Vec<(&'static str, String)>;
 
+/// How a job run ended, as the job counters see it (the processor maps its `Outcome` here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    Done,
+    Failed,
+    /// Interrupted by shutdown (or a lapsed liveness lease) and pushed back to its queue.
+    Requeued,
+}
+
+/// What became of a failed job (the processor maps the retry `Decision` here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobFate {
+    Retried,
+    Dead,
+    Discarded,
+}
+
+/// One process's counters, histograms and gauges, shared by every task through the runtime.
 #[derive(Default)]
 pub struct Metrics {
     counters: Mutex<BTreeMap<(&'static str, Labels), u64>>,
     histograms: Mutex<BTreeMap<(&'static str, Labels), Histogram>>,
+    /// Slots this process runs jobs in (set by the launcher).
     pub concurrency: AtomicI64,
     /// Seconds of queue latency per queue, updated by the heartbeat.
     latency: Mutex<BTreeMap<String, f64>>,
@@ -58,7 +74,7 @@ pub struct Metrics {
     pub last_redis_ok_ms: AtomicI64,
     fetched: AtomicU64,
     fetch_calls: AtomicU64,
-    /// The slot table, once the heartbeat attached it; `busy` is the fallback before that.
+    /// The slot table, once the launcher attached it; busy slots read 0 before that.
     work: OnceLock<Weak<crate::work::WorkState>>,
     /// Classes this worker runs (set once at start): always a label of their own.
     known_classes: OnceLock<std::collections::HashSet<String>>,
@@ -66,8 +82,9 @@ pub struct Metrics {
     other_classes: Mutex<std::collections::HashSet<String>>,
 }
 
-/// Every family we export, with its type and help, so a dashboard sees them all from the first
-/// scrape, even before anything happened (lock and phase events come from other modules).
+/// The labelled families, with their type and help, so a dashboard sees them all from the first
+/// scrape, even before anything happened (lock and phase events come from the cycle engine).
+/// The unlabelled gauges and fetch counters are written by `render` from their atomics.
 const FAMILIES: [(&str, &str, &str); 10] = [
     (
         "playguard_jobs_processed_total",
@@ -173,32 +190,38 @@ impl Metrics {
         OTHER_CLASS.to_string()
     }
 
-    pub fn job_finished(&self, class: &str, queue: &str, outcome: &Outcome, secs: f64) {
-        let l = vec![
+    /// The `class` (bounded, see `class_label`) and `queue` labels of the job families.
+    fn job_labels(&self, class: &str, queue: &str) -> Labels {
+        vec![
             ("class", self.class_label(class)),
             ("queue", queue.to_string()),
-        ];
+        ]
+    }
+
+    /// A run ended: counted as processed (and failed or requeued), its duration observed.
+    pub fn job_finished(&self, class: &str, queue: &str, end: JobEnd, secs: f64) {
+        let l = self.job_labels(class, queue);
         self.inc("playguard_jobs_processed_total", l.clone());
-        match outcome {
-            Outcome::Failed(_) => self.inc("playguard_jobs_failed_total", l.clone()),
-            Outcome::Requeue => self.inc("playguard_jobs_requeued_total", l.clone()),
-            Outcome::Done => {}
+        match end {
+            JobEnd::Failed => self.inc("playguard_jobs_failed_total", l.clone()),
+            JobEnd::Requeued => self.inc("playguard_jobs_requeued_total", l.clone()),
+            JobEnd::Done => {}
         }
         self.observe("playguard_job_duration_seconds", l, secs);
     }
 
-    pub fn job_fate(&self, class: &str, queue: &str, d: &Decision) {
-        let l = vec![
-            ("class", self.class_label(class)),
-            ("queue", queue.to_string()),
-        ];
-        match d {
-            Decision::Retry { .. } => self.inc("playguard_jobs_retried_total", l),
-            Decision::Dead { .. } => self.inc("playguard_jobs_dead_total", l),
-            Decision::Discard => self.inc("playguard_jobs_discarded_total", l),
-        }
+    /// A failed job was retried, moved to the dead set or dropped.
+    pub fn job_fate(&self, class: &str, queue: &str, fate: JobFate) {
+        let l = self.job_labels(class, queue);
+        let name = match fate {
+            JobFate::Retried => "playguard_jobs_retried_total",
+            JobFate::Dead => "playguard_jobs_dead_total",
+            JobFate::Discarded => "playguard_jobs_discarded_total",
+        };
+        self.inc(name, l);
     }
 
+    /// A payload that is not a job went to the dead set (no class label: it has none).
     pub fn garbage(&self, queue: &str) {
         self.inc(
             "playguard_jobs_dead_total",
@@ -206,7 +229,7 @@ impl Metrics {
         );
     }
 
-    /// `event` is one of acquired, skipped, lost, released.
+    /// `event` is what the cycle engine saw: acquired, skipped (held by another) or lost.
     pub fn lock_event(&self, class: &str, event: &'static str) {
         self.inc(
             "playguard_lock_events_total",
@@ -222,12 +245,13 @@ impl Metrics {
         );
     }
 
+    /// One fetch round trip to Redis brought `n` jobs.
     pub fn fetch_batch(&self, n: usize) {
         self.fetched.fetch_add(n as u64, Ordering::Relaxed);
         self.fetch_calls.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Read busy slots from the live slot table from now on (the heartbeat calls this).
+    /// Read busy slots from the live slot table from now on (the launcher calls this).
     pub fn attach_work(&self, work: &std::sync::Arc<crate::work::WorkState>) {
         let _ = self.work.set(std::sync::Arc::downgrade(work));
     }
@@ -302,36 +326,35 @@ impl Metrics {
                 let _ = writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), h.total);
             }
         }
-        let gauges: [(&str, &str, i64); 2] = [
+        // The unlabelled families, read from their atomics: two gauges, then the fetch counters.
+        let singles: [(&str, &str, &str, String); 4] = [
             (
                 "playguard_busy_slots",
+                "gauge",
                 "Jobs running right now (the busy count the heartbeat publishes).",
-                self.busy_now(),
+                self.busy_now().to_string(),
             ),
             (
                 "playguard_concurrency",
+                "gauge",
                 "Slots this process runs jobs in.",
-                self.concurrency.load(Ordering::Relaxed),
+                self.concurrency.load(Ordering::Relaxed).to_string(),
             ),
-        ];
-        for (name, help, v) in gauges {
-            header(&mut out, name, "gauge", help);
-            let _ = writeln!(out, "{name} {v}");
-        }
-        let fetch: [(&str, &str, u64); 2] = [
             (
                 "playguard_fetched_jobs_total",
+                "counter",
                 "Jobs taken from Redis queues.",
-                self.fetched.load(Ordering::Relaxed),
+                self.fetched.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "playguard_fetch_calls_total",
+                "counter",
                 "Fetch round trips to Redis.",
-                self.fetch_calls.load(Ordering::Relaxed),
+                self.fetch_calls.load(Ordering::Relaxed).to_string(),
             ),
         ];
-        for (name, help, v) in fetch {
-            header(&mut out, name, "counter", help);
+        for (name, kind, help, v) in singles {
+            header(&mut out, name, kind, help);
             let _ = writeln!(out, "{name} {v}");
         }
         out
@@ -359,73 +382,6 @@ fn fmt_labels(labels: &Labels, le: Option<&str>) -> String {
     }
 }
 
-/// Serve `/metrics` and `/health` on `addr` until the process ends.
-pub async fn serve(
-    addr: std::net::SocketAddr,
-    metrics: std::sync::Arc<Metrics>,
-    beat_ms: i64,
-) -> std::io::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "metrics endpoint listening");
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                continue;
-            };
-            // Every slot taken (a flood, or slow clients): close this one now rather than
-            // queue it, so no number of connections can grow our memory.
-            let Ok(permit) = slots.clone().try_acquire_owned() else {
-                drop(sock);
-                continue;
-            };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let _permit = permit;
-                // Read until the end of the request head: a client may send it in pieces.
-                let mut buf = Vec::with_capacity(1024);
-                let head = async {
-                    let mut chunk = [0u8; 1024];
-                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
-                        match sock.read(&mut chunk).await {
-                            Ok(0) | Err(_) => break,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                };
-                if tokio::time::timeout(IO_TIMEOUT, head).await.is_err() {
-                    return;
-                }
-                let req = String::from_utf8_lossy(&buf);
-                let path = req.split_whitespace().nth(1).unwrap_or("/");
-                let (status, body, ctype) = match path {
-                    "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
-                    // The last good beat is at most one interval plus that beat's own round
-                    // trip old while Redis answers; two intervals means at least one whole beat
-                    // went unanswered (a beat that hangs on a silent Redis counts too).
-                    "/health" if metrics.healthy(beat_ms * 2) => {
-                        ("200 OK", "ok\n".to_string(), "text/plain")
-                    }
-                    "/health" => (
-                        "503 Service Unavailable",
-                        "redis unreachable\n".to_string(),
-                        "text/plain",
-                    ),
-                    _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                // A client that does not read its answer is dropped too.
-                let _ = tokio::time::timeout(IO_TIMEOUT, sock.write_all(resp.as_bytes())).await;
-            });
-        }
-    });
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,7 +389,7 @@ mod tests {
     #[test]
     fn every_family_has_one_header_and_samples_follow_it() {
         let m = Metrics::default();
-        m.job_finished("A", "default", &Outcome::Done, 0.02);
+        m.job_finished("A", "default", JobEnd::Done, 0.02);
         m.lock_event("A", "acquired");
         m.set_latency("default", 1.5);
         let text = m.render();

@@ -3,10 +3,10 @@
 //! only the winner enqueues that tick's jobs (one per member of the Rails app's set, or one
 //! with fixed args). Missed ticks are skipped, never replayed in a burst.
 //!
-//! The claim and the pushes run in one Lua script, so a tick is never claimed without its jobs
-//! (a Redis error after a bare SET NX would otherwise lose the tick for every process) and a
-//! failed attempt can simply be retried until the tick ends: a retry after an attempt that did
-//! land finds the fingerprint taken and pushes nothing.
+//! The claim and the pushes run in one Lua script (`lua/periodic_dispatch.lua`), so a tick is
+//! never claimed without its jobs (a Redis error after a bare SET NX would otherwise lose the
+//! tick for every process) and a failed attempt can simply be retried until the tick ends: a
+//! retry after an attempt that did land finds the fingerprint taken and pushes nothing.
 //!
 //! Every job of one tick carries the same `created_at`/`enqueued_at`, the instant the tick was
 //! computed from, so `floor(created_at / every)` is that tick.
@@ -26,26 +26,10 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Wake this long after the boundary, so a timer that fires on the dot still reads the new tick.
 const PAST_BOUNDARY: Duration = Duration::from_millis(5);
 
-/// Claim the fingerprint and push every payload, atomically. Returns the number pushed, or -1
-/// when the tick was already taken.
-/// KEYS: fingerprint, `queues`, `queue:<q>`. ARGV: identity, ttl secs, queue name, payloads...
-const DISPATCH: &str = r#"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2]) then
-  return -1
-end
-if #ARGV > 3 then
-  redis.call('SADD', KEYS[2], ARGV[3])
-  -- One LPUSH per 1,000 payloads rather than one each (the same order; unpack stays well
-  -- under Lua's C stack limit).
-  for i = 4, #ARGV, 1000 do
-    redis.call('LPUSH', KEYS[3], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-  end
-end
-return #ARGV - 3
-"#;
-
+/// Claim the fingerprint and push every payload, atomically (`lua/periodic_dispatch.lua`).
+/// Returns the number pushed, or -1 when the tick was already taken.
 static SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(DISPATCH));
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../lua/periodic_dispatch.lua")));
 
 /// A member becomes the single argument: JSON when it parses (`42` stays a number), else a string.
 pub fn member_arg(member: &str) -> Value {

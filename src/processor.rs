@@ -150,8 +150,12 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
     };
     // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
     let ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
-    rt.metrics
-        .job_finished(&shown, &f.queue, &outcome, ms / 1000.0);
+    let end = match outcome {
+        Outcome::Done => crate::metrics::JobEnd::Done,
+        Outcome::Failed(_) => crate::metrics::JobEnd::Failed,
+        Outcome::Requeue => crate::metrics::JobEnd::Requeued,
+    };
+    rt.metrics.job_finished(&shown, &f.queue, end, ms / 1000.0);
     // Sidekiq's metrics middleware never sees a class whose constant lookup failed; a run
     // interrupted by shutdown counts as failed there (Sidekiq::Shutdown is an exception).
     if known {
@@ -180,7 +184,12 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
                 Decision::Dead { .. } => "retries exhausted: moved to dead",
                 Decision::Discard => "discarded (retry: false or dead: false)",
             };
-            rt.metrics.job_fate(&shown, &f.queue, &decision);
+            let counted = match &decision {
+                Decision::Retry { .. } => crate::metrics::JobFate::Retried,
+                Decision::Dead { .. } => crate::metrics::JobFate::Dead,
+                Decision::Discard => crate::metrics::JobFate::Discarded,
+            };
+            rt.metrics.job_fate(&shown, &f.queue, counted);
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();

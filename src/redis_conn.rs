@@ -2,8 +2,10 @@
 //! response timeout, since redis-rs >= 1.0 defaults to 500 ms), and dedicated connections for
 //! blocking pops so a BRPOP/BLMOVE never stalls the shared pipe. With a `redis-sentinel://` URL
 //! both find the current primary through the sentinels and follow it after a failover
-//! (src/sentinel.rs). Touches no keys itself.
+//! (src/sentinel.rs). Clients for one server come from `redis_client.rs`. Touches no keys
+//! itself.
 
+pub use crate::redis_client::{plain_client, CA_ENV};
 use crate::sentinel::{Backoff, Resolver, SentinelUrl};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -19,10 +21,6 @@ pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(12);
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// PEM file of the CA that signed the Redis server's certificate, for `rediss://` URLs whose
-/// server is not signed by a public root (public roots are built in).
-pub const CA_ENV: &str = "PLAYGUARD_REDIS_CA";
 
 /// Where connections go: one server, or whichever server the sentinels name as primary.
 // One per process (held by the Runtime): its size does not matter, boxing would only add noise.
@@ -52,34 +50,6 @@ pub fn client(url: &str) -> RedisResult<Client> {
         ))));
     }
     plain_client(url).map(Client::Plain)
-}
-
-/// Open a client for `url` (`redis://`, `rediss://`, user:password@, `/db`). `rediss://` checks
-/// the server against public roots, or the CA in `$PLAYGUARD_REDIS_CA`; a URL ending in
-/// `#insecure` skips verification (as Heroku-style Redis needs, like Sidekiq's
-/// `verify_mode: VERIFY_NONE`).
-pub fn plain_client(url: &str) -> RedisResult<redis::Client> {
-    // rustls needs a process-wide crypto provider; a second install is a harmless no-op.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    match std::env::var_os(CA_ENV) {
-        Some(path) if url.starts_with("rediss://") => {
-            let root = std::fs::read(&path).map_err(|e| {
-                redis::RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "cannot read the CA file named by PLAYGUARD_REDIS_CA",
-                    format!("{}: {e}", std::path::Path::new(&path).display()),
-                ))
-            })?;
-            redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(root),
-                },
-            )
-        }
-        _ => redis::Client::open(url),
-    }
 }
 
 /// The shared connection, cloned into every task. For a plain URL it is the ConnectionManager
@@ -151,6 +121,20 @@ impl Follow {
             .clone()
     }
 
+    /// Pass a reply through, asking the sentinels again when it suggests the primary moved.
+    fn check<T>(
+        self: &Arc<Self>,
+        r: RedisResult<T>,
+        suspect: impl Fn(&T) -> bool,
+    ) -> RedisResult<T> {
+        match &r {
+            Err(e) if primary_suspect(e) => self.refresh(),
+            Ok(v) if suspect(v) => self.refresh(),
+            _ => {}
+        }
+        r
+    }
+
     /// Ask the sentinels again in the background, with jittered backoff until a server that
     /// says it is the primary answers; then new requests go there. Requests in flight (and
     /// the one that failed) keep their errors: callers retry, or end a cycle as lock lost.
@@ -217,12 +201,7 @@ impl ConnectionLike for Conn {
                 let f = f.clone();
                 Box::pin(async move {
                     let r = f.manager().req_packed_command(cmd).await;
-                    match &r {
-                        Err(e) if primary_suspect(e) => f.refresh(),
-                        Ok(v) if value_suspect(v) => f.refresh(),
-                        _ => {}
-                    }
-                    r
+                    f.check(r, value_suspect)
                 })
             }
         }
@@ -243,12 +222,7 @@ impl ConnectionLike for Conn {
                         .manager()
                         .req_packed_commands(pipeline, offset, count)
                         .await;
-                    match &r {
-                        Err(e) if primary_suspect(e) => f.refresh(),
-                        Ok(vs) if vs.iter().any(value_suspect) => f.refresh(),
-                        _ => {}
-                    }
-                    r
+                    f.check(r, |vs| vs.iter().any(value_suspect))
                 })
             }
         }

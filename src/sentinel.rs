@@ -191,7 +191,7 @@ impl Resolver {
     }
 
     async fn connect(&self, url: &str) -> RedisResult<redis::aio::MultiplexedConnection> {
-        let client = crate::redis_conn::plain_client(url)?;
+        let client = crate::redis_client::plain_client(url)?;
         let cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
@@ -248,7 +248,7 @@ impl Resolver {
         }
         Ok((
             format!("{}:{port}", bracket(&host)),
-            crate::redis_conn::plain_client(&url)?,
+            crate::redis_client::plain_client(&url)?,
         ))
     }
 
@@ -260,7 +260,7 @@ impl Resolver {
             for (host, port) in &self.url.sentinels {
                 let url = self.url.sentinel_url(host, *port);
                 let sub = async {
-                    let client = crate::redis_conn::plain_client(&url)?;
+                    let client = crate::redis_client::plain_client(&url)?;
                     let mut ps = tokio::time::timeout(self.timeout, client.get_async_pubsub())
                         .await
                         .map_err(|_| {
