@@ -308,7 +308,7 @@ pub async fn run_with(
     let identity = crate::identity::new_identity();
     let db = open_database(&config, &identity).await?;
 
-    let fetch = crate::fetch::FetchStrategy::new(
+    let fetch = crate::fetch_strategy::FetchStrategy::new(
         config.reliable_fetch,
         &identity,
         conn.clone(),

@@ -38,6 +38,7 @@ pub mod enqueue;
 pub mod error_class;
 pub mod fence_store;
 pub mod fetch;
+pub mod fetch_strategy;
 pub mod handler;
 pub mod heartbeat;
 pub mod identity;

@@ -3,7 +3,7 @@
 //! fetched job goes through belongs to `fetch::FetchStrategy`. Touches no Redis keys itself.
 
 use crate::config::Config;
-use crate::fetch::FetchStrategy;
+use crate::fetch_strategy::FetchStrategy;
 use crate::handler::Registry;
 use crate::redis_conn::Conn;
 use crate::shutdown::Shutdown;

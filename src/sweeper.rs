@@ -167,7 +167,7 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
             .arg(now)
             .arg(now - RECOVERY_MEMORY.as_secs_f64());
         for q in &queues {
-            inv.key(crate::fetch::working_key(&identity, q))
+            inv.key(crate::fetch_strategy::working_key(&identity, q))
                 .key(crate::queues::queue_key(q));
         }
         // One identity that cannot be recovered (say, a working list of the wrong type) must

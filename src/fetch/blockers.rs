@@ -1,10 +1,10 @@
-//! The idle waits: each blocking pop (BLMOVE or BRPOP, see `strategy.rs`) runs on a connection
+//! The idle waits: each blocking pop (BLMOVE or BRPOP, see `fetch_strategy`) runs on a connection
 //! of its own, one command at a time, and is never dropped mid-flight: to stop waiting we send
 //! `CLIENT UNBLOCK <id>` from the shared connection, so a pop that already happened is always
 //! delivered and handled. A blocker pops only when armed, so it never takes more work than the
 //! fetch loop asked for. Keys: those of the pops (`queue:<q>`, our working lists).
 
-use super::strategy::Wait;
+use crate::fetch_strategy::Wait;
 use crate::runtime::Runtime;
 use crate::unit_of_work::UnitOfWork;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

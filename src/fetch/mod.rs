@@ -2,17 +2,10 @@
 //! order (`queues.rs`). While the queues are busy it takes a batch for the free slots in one
 //! round trip; when they are empty it arms the blocking pops (`blockers.rs`) and waits. How a
 //! job is taken, acknowledged, requeued and drained is the fetch strategy's business
-//! (`strategy.rs`: `reliable.rs` or `basic.rs`); this loop never asks which one runs.
+//! (`fetch_strategy`: reliable or basic); this loop never asks which one runs.
 //! Keys: those of the strategy.
 
-mod acks;
-mod basic;
 mod blockers;
-mod reliable;
-mod strategy;
-
-pub use reliable::working_key;
-pub use strategy::FetchStrategy;
 
 use crate::processor;
 use crate::runtime::Runtime;

@@ -6,11 +6,17 @@
 //! To add a strategy: a module beside `reliable.rs`, a variant of `Mode`, and one arm in each
 //! method below.
 
-use super::basic::BasicFetch;
-use super::reliable::ReliableFetch;
+mod acks;
+mod basic;
+mod reliable;
+
+pub use reliable::working_key;
+
 use crate::redis_conn::Conn;
 use crate::shutdown::Shutdown;
 use crate::unit_of_work::UnitOfWork;
+use basic::BasicFetch;
+use reliable::ReliableFetch;
 use std::sync::Mutex;
 
 /// Pause between attempts to write an outcome (as the acks are retried).
