@@ -1,4 +1,4 @@
-//! Runtime configuration: Sidekiq 7 defaults, then `config/sidekiq.yml` (the subset playguard
+//! Worker configuration: Sidekiq 7 defaults, then `config/sidekiq.yml` (the subset playguard
 //! understands, with its environment section merged over the top level), then flags, which win.
 //! Touches no Redis keys.
 

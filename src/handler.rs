@@ -4,7 +4,7 @@
 
 use crate::retry::Failure;
 use crate::shutdown::Shutdown;
-use crate::work::SlotGuard;
+use crate::slots::SlotGuard;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::future::Future;

@@ -9,7 +9,7 @@
 
 use crate::identity::{hostname, pid_namespace};
 use crate::liveness::{alive_key, ALIVE_TTL_SECS, FETCHERS_KEY};
-use crate::runtime::Runtime;
+use crate::worker::Worker;
 use serde_json::json;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -20,8 +20,8 @@ pub const PROCESS_TTL_SECS: i64 = 60;
 pub const STAT_TTL_SECS: i64 = 157_680_000;
 
 /// The `info` JSON, written once per process as Sidekiq does.
-pub fn info_json(rt: &Runtime, started_at: f64) -> String {
-    let cfg = &rt.config;
+pub fn info_json(worker: &Worker, started_at: f64) -> String {
+    let cfg = &worker.config;
     let weights: serde_json::Map<String, serde_json::Value> = cfg
         .queues
         .queues
@@ -37,7 +37,7 @@ pub fn info_json(rt: &Runtime, started_at: f64) -> String {
         "queues": cfg.queues.names(),
         "weights": [weights],
         "labels": cfg.labels,
-        "identity": rt.identity,
+        "identity": worker.identity,
         "version": format!("playguard {}", env!("CARGO_PKG_VERSION")),
         "embedded": false,
     })
@@ -82,7 +82,7 @@ pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
 /// One work-hash value: `{queue, payload, run_at}` as launcher.rb writes it, the payload the
 /// original job string (so readers parse it a second time, exactly as for Ruby-run jobs), plus
 /// `phase` for phased jobs. 6.4.1's busy.erb ignores extra keys; the API hands them through.
-pub fn work_entry_json(e: &crate::work::WorkEntry) -> String {
+pub fn work_entry_json(e: &crate::slots::SlotEntry) -> String {
     let mut entry = json!({"queue": e.queue, "payload": &*e.payload, "run_at": e.run_at});
     if let Some(p) = &e.phase {
         entry["phase"] = json!(p);
@@ -91,22 +91,22 @@ pub fn work_entry_json(e: &crate::work::WorkEntry) -> String {
 }
 
 /// One beat. Returns the remote signal popped, if any.
-pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
+pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
     // The metrics endpoint reads live busy slots from the same table the heartbeat publishes.
-    let mut conn = rt.conn.clone();
+    let mut conn = worker.conn.clone();
     let t = Instant::now();
     redis::cmd("PING").query_async::<()>(&mut conn).await?;
     let rtt_us = t.elapsed().as_micros() as u64;
 
-    let id = &rt.identity;
-    let snapshot = rt.work.snapshot();
+    let id = &worker.identity;
+    let snapshot = worker.slots.snapshot();
     let busy = snapshot.len();
-    let (processed, failed) = rt.work.take_counts();
+    let (processed, failed) = worker.slots.take_counts();
 
     let mut pipe = redis::pipe();
     pipe.atomic();
     add_stat_deltas(&mut pipe, processed, failed);
-    rt.job_metrics.flush_into(&mut pipe);
+    worker.job_metrics.flush_into(&mut pipe);
     let work_keys = [format!("{id}:workers"), format!("{id}:work")];
     for key in &work_keys {
         pipe.cmd("UNLINK").arg(key).ignore();
@@ -122,15 +122,15 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
             ("info", info.to_string()),
             ("busy", busy.to_string()),
             ("beat", crate::payload::now_f64().to_string()),
-            ("quiet", rt.shutdown.is_quiet().to_string()),
+            ("quiet", worker.shutdown.is_quiet().to_string()),
             ("rss", rss_kb().to_string()),
             ("rtt_us", rtt_us.to_string()),
-            ("concurrency", rt.config.concurrency.to_string()),
+            ("concurrency", worker.config.concurrency.to_string()),
         ],
     )
     .ignore();
     pipe.expire(id, PROCESS_TTL_SECS).ignore();
-    if rt.fetch.recovers_orphans() {
+    if worker.fetch.recovers_orphans() {
         pipe.set_ex(alive_key(id), 1, ALIVE_TTL_SECS as u64)
             .ignore();
         // The queues tell a sweeper which working lists are ours; `ns` says which kernel and
@@ -139,14 +139,14 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
         pipe.hset(
             FETCHERS_KEY,
             id,
-            json!({"queues": rt.config.queues.names(), "ns": pid_namespace()}).to_string(),
+            json!({"queues": worker.config.queues.names(), "ns": pid_namespace()}).to_string(),
         )
         .ignore();
     }
     // Queue latency, cheaply: the oldest job (right end, where BRPOP takes from) of each of
     // our queues, one LINDEX each inside the same MULTI. Replies come back in order, before
     // the signal.
-    let queues = rt.config.queues.names();
+    let queues = worker.config.queues.names();
     for q in &queues {
         pipe.lindex(format!("queue:{q}"), -1);
     }
@@ -154,7 +154,8 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
     // Bytes: a non-UTF-8 job at a queue's tail must not fail the whole beat.
     match pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn).await {
         Ok(mut replies) => {
-            rt.metrics
+            worker
+                .metrics
                 .last_redis_ok_ms
                 .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
             let signal = replies
@@ -163,7 +164,7 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
                 .map(|s| String::from_utf8_lossy(&s).into_owned());
             let now = crate::payload::now_f64();
             for (q, oldest) in queues.iter().zip(replies.iter()) {
-                rt.metrics.set_latency(
+                worker.metrics.set_latency(
                     q,
                     latency_secs(
                         oldest.as_deref().and_then(|b| std::str::from_utf8(b).ok()),
@@ -174,7 +175,7 @@ pub async fn beat(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>
             Ok(signal)
         }
         Err(e) => {
-            rt.work.restore_counts(processed, failed);
+            worker.slots.restore_counts(processed, failed);
             Err(e)
         }
     }
@@ -197,13 +198,13 @@ fn add_stat_deltas(pipe: &mut redis::Pipeline, processed: u64, failed: u64) {
 /// Clean stop: leave `processes` and drop the work hashes at once (the identity hash expires by
 /// itself, as in Sidekiq), our lock record (every cycle has released by now), flush the last
 /// counters.
-pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
-    let id = &rt.identity;
-    let (processed, failed) = rt.work.take_counts();
+pub async fn clear(worker: &Worker) -> redis::RedisResult<()> {
+    let id = &worker.identity;
+    let (processed, failed) = worker.slots.take_counts();
     let mut pipe = redis::pipe();
     pipe.atomic();
     add_stat_deltas(&mut pipe, processed, failed);
-    rt.job_metrics.flush_into(&mut pipe);
+    worker.job_metrics.flush_into(&mut pipe);
     pipe.srem("processes", id).ignore();
     pipe.cmd("UNLINK")
         .arg(format!("{id}:workers"))
@@ -213,10 +214,10 @@ pub async fn clear(rt: &Runtime) -> redis::RedisResult<()> {
         .ignore();
     // The `playguard:fetchers` entry stays: the orphan sweep sees us dead (no alive key),
     // returns anything left in our working lists, and only then removes the entry.
-    let mut conn = rt.conn.clone();
+    let mut conn = worker.conn.clone();
     let r = pipe.query_async::<()>(&mut conn).await;
     if r.is_err() {
-        rt.work.restore_counts(processed, failed);
+        worker.slots.restore_counts(processed, failed);
     }
     r
 }
@@ -246,7 +247,7 @@ mod tests {
     #[test]
     fn work_entry_keeps_the_payload_string_and_adds_the_phase() {
         let raw = r#"{"class":"X","args":[1.50,2e3],"jid":"abc"}"#;
-        let mut e = crate::work::WorkEntry {
+        let mut e = crate::slots::SlotEntry {
             queue: "default".into(),
             payload: std::sync::Arc::from(raw),
             run_at: 1796095478,

@@ -5,9 +5,9 @@
 
 use crate::config::Config;
 use crate::handler::Registry;
-use crate::runtime::Runtime;
 use crate::shutdown::Shutdown;
-use crate::work::WorkState;
+use crate::slots::SlotTable;
+use crate::worker::Worker;
 use crate::{fetch, heartbeat, manifest_jobs, periodic, scheduled, sweeper};
 use std::sync::Arc;
 use std::time::Duration;
@@ -95,11 +95,11 @@ impl Signal {
 }
 
 /// Log what every busy slot is doing (TTIN).
-fn dump_slots(rt: &Runtime) {
-    let snap = rt.work.snapshot();
+fn dump_slots(worker: &Worker) {
+    let snap = worker.slots.snapshot();
     tracing::info!(
         busy = snap.len(),
-        concurrency = rt.config.concurrency,
+        concurrency = worker.config.concurrency,
         "TTIN: slot dump"
     );
     for (tid, e) in snap {
@@ -109,38 +109,38 @@ fn dump_slots(rt: &Runtime) {
     }
 }
 
-fn apply_signal(rt: &Runtime, sig: Signal, remote: bool) {
+fn apply_signal(worker: &Worker, sig: Signal, remote: bool) {
     let from = if remote { "remote " } else { "" };
     match sig {
         Signal::Stop(name) => {
-            let again = rt.shutdown.is_stopping();
-            rt.shutdown.stop(rt.config.timeout);
+            let again = worker.shutdown.is_stopping();
+            worker.shutdown.stop(worker.config.timeout);
             if again {
                 tracing::warn!("{from}{name} again: shutdown deadline moved to now");
             } else {
                 tracing::info!(
-                    timeout_secs = rt.config.timeout.as_secs_f64(),
+                    timeout_secs = worker.config.timeout.as_secs_f64(),
                     "{from}{name}: shutting down; running jobs get until the deadline"
                 );
             }
         }
         Signal::Quiet => {
-            rt.shutdown.quiet();
+            worker.shutdown.quiet();
             tracing::info!("{from}TSTP: quiet, no new jobs will be fetched");
         }
-        Signal::DumpSlots => dump_slots(rt),
+        Signal::DumpSlots => dump_slots(worker),
     }
 }
 
 /// A remote signal (a string from `<identity>-signals`): act on it, or log that it is ignored.
-fn apply_remote(rt: &Runtime, name: &str) {
+fn apply_remote(worker: &Worker, name: &str) {
     match Signal::parse(name) {
-        Some(sig) => apply_signal(rt, sig, true),
+        Some(sig) => apply_signal(worker, sig, true),
         None => tracing::info!("remote {name}: ignored"),
     }
 }
 
-async fn listen_for_signals(rt: Arc<Runtime>) {
+async fn listen_for_signals(worker: Arc<Worker>) {
     use tokio::signal::unix::{signal, SignalKind};
     // USR1 and USR2 are listened for only so that they are logged, not fatal (their default).
     let kinds = [
@@ -170,7 +170,7 @@ async fn listen_for_signals(rt: Arc<Runtime>) {
     }
     while let Some((name, sig)) = rx.recv().await {
         match sig {
-            Some(sig) => apply_signal(&rt, sig, false),
+            Some(sig) => apply_signal(&worker, sig, false),
             None => tracing::info!("{name}: ignored"),
         }
     }
@@ -178,17 +178,17 @@ async fn listen_for_signals(rt: Arc<Runtime>) {
 
 /// One beat, and what it means for the liveness lease: a landed beat extends it; the first
 /// one after a lapse treats our past as dead (see `regained`).
-async fn beat_once(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String>> {
+async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
     let sent_at = tokio::time::Instant::now();
-    let r = heartbeat::beat(rt, info).await;
-    if r.is_ok() && rt.fetch.recovers_orphans() {
+    let r = heartbeat::beat(worker, info).await;
+    if r.is_ok() && worker.fetch.recovers_orphans() {
         // Still lapsed (nothing is fetched): release first, so no lock taken after the
         // refresh can be among those released.
-        if !rt.liveness.is_live() {
-            regained(rt).await;
+        if !worker.liveness.is_live() {
+            regained(worker).await;
         }
-        rt.liveness.refreshed(sent_at);
-        rt.fetch.retry_deferred_requeues().await;
+        worker.liveness.refreshed(sent_at);
+        worker.fetch.retry_deferred_requeues().await;
     }
     r
 }
@@ -196,21 +196,21 @@ async fn beat_once(rt: &Runtime, info: &str) -> redis::RedisResult<Option<String
 /// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
 /// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
 /// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
-async fn regained(rt: &Runtime) {
+async fn regained(worker: &Worker) {
     tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
-    if let Err(e) = sweeper::release_locks_of(rt, &rt.identity, true).await {
+    if let Err(e) = sweeper::release_locks_of(worker, &worker.identity, true).await {
         tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
     }
 }
 
-async fn heartbeat_loop(rt: Arc<Runtime>, info: String) {
+async fn heartbeat_loop(worker: Arc<Worker>, info: String) {
     loop {
-        match beat_once(&rt, &info).await {
-            Ok(Some(sig)) => apply_remote(&rt, &sig),
+        match beat_once(&worker, &info).await {
+            Ok(Some(sig)) => apply_remote(&worker, &sig),
             Ok(None) => {}
             Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
         }
-        tokio::time::sleep(rt.config.beat_interval).await;
+        tokio::time::sleep(worker.config.beat_interval).await;
     }
 }
 
@@ -322,13 +322,13 @@ pub async fn run_with(
     };
     let metrics = Arc::new(crate::metrics::Metrics::default());
     metrics.know_classes(registry.classes());
-    let rt = Arc::new(Runtime {
+    let worker = Arc::new(Worker {
         client,
         conn,
         db,
         identity,
         registry,
-        work: WorkState::new(),
+        slots: SlotTable::new(),
         shutdown,
         metrics,
         job_metrics: crate::job_metrics::JobMetrics::new(config.sidekiq_metrics),
@@ -336,65 +336,65 @@ pub async fn run_with(
         liveness,
         config,
     });
-    rt.metrics.attach_work(&rt.work);
-    rt.metrics.concurrency.store(
-        rt.config.concurrency as i64,
+    worker.metrics.attach_slots(&worker.slots);
+    worker.metrics.concurrency.store(
+        worker.config.concurrency as i64,
         std::sync::atomic::Ordering::Relaxed,
     );
-    if let Some(addr) = rt.config.metrics_addr {
+    if let Some(addr) = worker.config.metrics_addr {
         crate::metrics_http::serve(
             addr,
-            rt.metrics.clone(),
-            rt.config.beat_interval.as_millis() as i64,
+            worker.metrics.clone(),
+            worker.config.beat_interval.as_millis() as i64,
         )
         .await
         .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
     }
-    tracing::info!(identity = %rt.identity, redis = %version, concurrency = rt.config.concurrency,
-        queues = %rt.config.queues.names().join(","), fetch = rt.fetch.name(),
-        classes = %rt.registry.classes().join(","), "playguard starting");
+    tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
+        queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
+        classes = %worker.registry.classes().join(","), "playguard starting");
 
     let root = crate::logging::root().clone();
-    let rt2 = rt.clone();
+    let worker2 = worker.clone();
     let signal_task = tokio::spawn(
         async move {
             if signals == Signals::Handle {
-                listen_for_signals(rt2).await
+                listen_for_signals(worker2).await
             }
         }
         .instrument(root.clone()),
     );
-    let info = heartbeat::info_json(&rt, crate::payload::now_f64());
+    let info = heartbeat::info_json(&worker, crate::payload::now_f64());
     // Beat before fetching: with reliable fetch our working lists must be registered (and
     // claimed by a live process) before they hold anything, or a crash could orphan them
     // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
-    while let Err(e) = beat_once(&rt, &info).await {
+    while let Err(e) = beat_once(&worker, &info).await {
         tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = rt.shutdown.quieted() => break,
+            _ = worker.shutdown.quieted() => break,
         }
     }
-    let beat_task = tokio::spawn(heartbeat_loop(rt.clone(), info).instrument(root.clone()));
+    let beat_task = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
-    if rt.fetch.recovers_orphans() {
-        side.spawn(sweeper::run(rt.clone()).instrument(root.clone()));
+    if worker.fetch.recovers_orphans() {
+        side.spawn(sweeper::run(worker.clone()).instrument(root.clone()));
     }
-    side.spawn(scheduled::run(rt.clone()).instrument(root.clone()));
+    side.spawn(scheduled::run(worker.clone()).instrument(root.clone()));
     for p in manifest.periodic.clone() {
-        side.spawn(periodic::run(rt.clone(), p).instrument(root.clone()));
+        side.spawn(periodic::run(worker.clone(), p).instrument(root.clone()));
     }
 
-    let slots = Arc::new(Semaphore::new(rt.config.concurrency));
-    fetch::run(rt.clone(), slots.clone()).await;
+    let permits = Arc::new(Semaphore::new(worker.config.concurrency));
+    fetch::run(worker.clone(), permits.clone()).await;
     tracing::info!("fetching stopped");
-    rt.shutdown.stopped().await;
-    let deadline = rt
+    worker.shutdown.stopped().await;
+    let deadline = worker
         .shutdown
         .state()
         .deadline
         .expect("stopping sets a deadline");
-    let all = slots.acquire_many(rt.config.concurrency as u32);
+    let all = permits.acquire_many(worker.config.concurrency as u32);
     // The deadline may move (second TERM); processors follow it themselves, this is a backstop.
     if tokio::time::timeout_at(deadline + AFTER_DEADLINE, all)
         .await
@@ -403,8 +403,8 @@ pub async fn run_with(
         tracing::error!("some jobs did not finish after the deadline; exiting anyway");
     }
     while side.join_next().await.is_some() {}
-    rt.fetch.finish_acks().await;
-    match rt.fetch.drain(&rt.config.queues.names()).await {
+    worker.fetch.finish_acks().await;
+    match worker.fetch.drain(&worker.config.queues.names()).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(jobs = n, "pushed leftover jobs back to their queues"),
         Err(e) => {
@@ -413,7 +413,7 @@ pub async fn run_with(
     }
     beat_task.abort();
     signal_task.abort();
-    if let Err(e) = heartbeat::clear(&rt).await {
+    if let Err(e) = heartbeat::clear(&worker).await {
         tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");
     }
     tracing::info!("bye");

@@ -62,13 +62,13 @@ pub mod redact;
 pub mod redis_client;
 pub mod redis_conn;
 pub mod retry;
-pub mod runtime;
 pub mod scheduled;
 pub mod sentinel;
 pub mod shutdown;
+pub mod slots;
 pub mod sweeper;
 pub mod unit_of_work;
-pub mod work;
+pub mod worker;
 
 pub use handler::{JobContext, Outcome, Registry};
 pub use retry::Failure;

@@ -310,7 +310,11 @@ impl Lease {
 /// "Don't fire this twice": `SET key 1 NX PX ttl`, no token, no renewal, no release. `true`
 /// for the first caller in each `ttl` window, `false` for everyone else. Use it for
 /// per-tick dispatch fingerprints, not for work that must be exclusive while it runs.
-pub async fn once(conn: &MultiplexedConnection, key: &str, ttl: Duration) -> RedisResult<bool> {
+pub async fn first_in_window(
+    conn: &MultiplexedConnection,
+    key: &str,
+    ttl: Duration,
+) -> RedisResult<bool> {
     let ttl_ms = ttl_millis(ttl)?;
     let mut c = conn.clone();
     let reply: Value = redis::cmd("SET")

@@ -75,7 +75,7 @@ pub struct Metrics {
     fetched: AtomicU64,
     fetch_calls: AtomicU64,
     /// The slot table, once the launcher attached it; busy slots read 0 before that.
-    work: OnceLock<Weak<crate::work::WorkState>>,
+    slots: OnceLock<Weak<crate::slots::SlotTable>>,
     /// Classes this worker runs (set once at start): always a label of their own.
     known_classes: OnceLock<std::collections::HashSet<String>>,
     /// Other class names seen in payloads, up to MAX_CLASS_LABELS.
@@ -252,13 +252,13 @@ impl Metrics {
     }
 
     /// Read busy slots from the live slot table from now on (the launcher calls this).
-    pub fn attach_work(&self, work: &std::sync::Arc<crate::work::WorkState>) {
-        let _ = self.work.set(std::sync::Arc::downgrade(work));
+    pub fn attach_slots(&self, slots: &std::sync::Arc<crate::slots::SlotTable>) {
+        let _ = self.slots.set(std::sync::Arc::downgrade(slots));
     }
 
     /// Busy slots right now, read from the slot table (0 before one is attached).
     pub fn busy_now(&self) -> i64 {
-        self.work
+        self.slots
             .get()
             .and_then(Weak::upgrade)
             .map_or(0, |w| w.busy() as i64)

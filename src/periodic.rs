@@ -16,7 +16,7 @@
 use crate::enqueue::NewJob;
 use crate::manifest::PeriodicSpec;
 use crate::payload::{new_jid, now_f64};
-use crate::runtime::Runtime;
+use crate::worker::Worker;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,7 +115,7 @@ pub async fn fire(
 
 /// Fire at every wall-clock multiple of `every_secs` until quiet. A process starting mid-tick
 /// fires that tick at once unless a peer already has; earlier ticks are never replayed.
-pub async fn run(rt: Arc<Runtime>, spec: PeriodicSpec) {
+pub async fn run(worker: Arc<Worker>, spec: PeriodicSpec) {
     let every = spec.every_secs;
     // The last tick settled (enqueued by us or a peer): never attempted again, even if the
     // wall clock steps back.
@@ -125,8 +125,8 @@ pub async fn run(rt: Arc<Runtime>, spec: PeriodicSpec) {
         let tick = tick_of(now, every);
         let mut retry_soon = false;
         if settled.is_none_or(|s| tick > s) {
-            let mut conn = rt.conn.clone();
-            match fire(&mut conn, &rt.identity, &spec, now).await {
+            let mut conn = worker.conn.clone();
+            match fire(&mut conn, &worker.identity, &spec, now).await {
                 Ok(Some(n)) => {
                     settled = Some(tick);
                     tracing::info!(periodic = %spec.name, tick, enqueued = n, class = %spec.class,
@@ -151,7 +151,7 @@ pub async fn run(rt: Arc<Runtime>, spec: PeriodicSpec) {
         }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = rt.shutdown.quieted() => return,
+            _ = worker.shutdown.quieted() => return,
         }
     }
 }

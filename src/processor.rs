@@ -6,9 +6,9 @@ use crate::error_class;
 use crate::handler::{JobContext, Outcome};
 use crate::payload::Job;
 use crate::retry::{self, Decision, Failure};
-use crate::runtime::Runtime;
+use crate::slots::SlotEntry;
 use crate::unit_of_work::UnitOfWork;
-use crate::work::WorkEntry;
+use crate::worker::Worker;
 use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,8 +17,8 @@ use tracing::Instrument;
 /// How long past the shutdown deadline a self-stopping job may take to report back.
 pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
 
-pub async fn process(rt: &Arc<Runtime>, f: UnitOfWork) {
-    let limit = rt.config.max_payload_bytes;
+pub async fn process(worker: &Arc<Worker>, f: UnitOfWork) {
+    let limit = worker.config.max_payload_bytes;
     let parsed = if f.raw.len() > limit {
         Err(format!(
             "payload of {} bytes is over the limit of {limit} (--max-payload-bytes)",
@@ -33,7 +33,7 @@ pub async fn process(rt: &Arc<Runtime>, f: UnitOfWork) {
     let job = match parsed {
         Ok(j) => j,
         Err(e) => {
-            return bury_garbage(rt, &f, &e, &f.raw)
+            return bury_garbage(worker, &f, &e, &f.raw)
                 .instrument(crate::logging::root().clone())
                 .await
         }
@@ -42,32 +42,32 @@ pub async fn process(rt: &Arc<Runtime>, f: UnitOfWork) {
         // Readable, so it is kept with the reason (the Web UI shows it), the rest unchanged.
         let entry = crate::retry::dead_entry(&f.raw, error_class::INVALID_PAYLOAD_ERROR, &e);
         let why = format!("{}: {e}", error_class::INVALID_PAYLOAD_ERROR);
-        return bury_garbage(rt, &f, &why, &entry)
+        return bury_garbage(worker, &f, &why, &entry)
             .instrument(crate::logging::root().clone())
             .await;
     }
     let span = tracing::info_span!(parent: crate::logging::root(), "job",
         jid = %job.jid(), class = %job.display_class(), queue = %f.queue);
-    run_job(rt, f, job).instrument(span).await
+    run_job(worker, f, job).instrument(span).await
 }
 
-async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
+async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
     let lease = crate::liveness::JobLease {
-        liveness: rt.liveness.clone(),
+        liveness: worker.liveness.clone(),
         epoch: f.epoch,
     };
     // Fetched before a lapse (a pop answered while we were frozen, say): the sweep may have
     // returned it and another process be running it. Hand it back (only if still ours).
     if lease.lapsed() {
         tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
-        rt.fetch.requeue_logged(&f).await;
+        worker.fetch.requeue_logged(&f).await;
         return;
     }
     let started = Instant::now();
     let class = job.dispatch_class().to_string();
     let shown = job.display_class().to_string();
     let payload: Arc<str> = Arc::from(job.raw.as_str());
-    let slot = Arc::new(rt.work.begin(WorkEntry {
+    let slot = Arc::new(worker.slots.begin(SlotEntry {
         queue: f.queue.clone(),
         payload: payload.clone(),
         run_at: chrono::Utc::now().timestamp(),
@@ -78,8 +78,8 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
     }));
     tracing::info!("start");
 
-    let known = rt.registry.contains(&class);
-    let outcome = match rt.registry.get(&class) {
+    let known = worker.registry.contains(&class);
+    let outcome = match worker.registry.get(&class) {
         None => Outcome::Failed(Failure::new(
             error_class::UNKNOWN_CLASS_ERROR,
             format!("uninitialized constant {class}"),
@@ -92,12 +92,12 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
                 args: job.dispatch_args(),
                 retry_count: job.retry_count(),
                 payload,
-                shutdown: rt.shutdown.clone(),
-                redis: rt.conn.clone(),
-                metrics: rt.metrics.clone(),
-                db: rt.db.clone(),
+                shutdown: worker.shutdown.clone(),
+                redis: worker.conn.clone(),
+                metrics: worker.metrics.clone(),
+                db: worker.db.clone(),
                 liveness: lease.clone(),
-                locks_record: rt.locks_record(),
+                locks_record: worker.locks_record(),
                 slot: Some(slot.clone()),
             };
             // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
@@ -122,7 +122,7 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
             };
             tokio::select! {
                 r = &mut run => caught(r),
-                _ = rt.shutdown.hard_deadline() => {
+                _ = worker.shutdown.hard_deadline() => {
                     match tokio::time::timeout(grace, &mut run).await {
                         Ok(r) => caught(r),
                         Err(_) => Outcome::Requeue,
@@ -155,12 +155,14 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
         Outcome::Failed(_) => crate::metrics::JobEnd::Failed,
         Outcome::Requeue => crate::metrics::JobEnd::Requeued,
     };
-    rt.metrics.job_finished(&shown, &f.queue, end, ms / 1000.0);
+    worker
+        .metrics
+        .job_finished(&shown, &f.queue, end, ms / 1000.0);
     // Sidekiq's metrics middleware never sees a class whose constant lookup failed; a run
     // interrupted by shutdown counts as failed there (Sidekiq::Shutdown is an exception).
     if known {
         let failed = !matches!(outcome, Outcome::Done);
-        rt.job_metrics.record(
+        worker.job_metrics.record(
             crate::job_metrics::class_of(&job),
             failed,
             started.elapsed().as_millis() as u64,
@@ -168,12 +170,12 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
     }
     match outcome {
         Outcome::Done => {
-            rt.work.count(false);
+            worker.slots.count(false);
             tracing::info!(elapsed_ms = ms, "done");
-            rt.fetch.acknowledge(&f);
+            worker.fetch.acknowledge(&f);
         }
         Outcome::Failed(failure) => {
-            rt.work.count(true);
+            worker.slots.count(true);
             let decision = if known {
                 retry::decide(&job, &failure)
             } else {
@@ -189,22 +191,22 @@ async fn run_job(rt: &Arc<Runtime>, f: UnitOfWork, job: Job) {
                 Decision::Dead { .. } => crate::metrics::JobFate::Dead,
                 Decision::Discard => crate::metrics::JobFate::Discarded,
             };
-            rt.metrics.job_fate(&shown, &f.queue, counted);
+            worker.metrics.job_fate(&shown, &f.queue, counted);
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
             retry::add_to_pipeline(&mut pipe, &decision);
-            rt.fetch.settle(&f, pipe).await;
+            worker.fetch.settle(&f, pipe).await;
         }
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
-            rt.work.count(true);
+            worker.slots.count(true);
             if lease.lapsed() {
                 tracing::info!(elapsed_ms = ms, "stopped: liveness lease lapsed");
             } else {
                 tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
             }
-            rt.fetch.requeue_logged(&f).await;
+            worker.fetch.requeue_logged(&f).await;
         }
     }
     drop(slot);
@@ -215,7 +217,7 @@ const SHOWN_PAYLOAD_CHARS: usize = 1000;
 
 /// A payload that is not a job goes to `dead`: one that is not a JSON object as the raw string,
 /// as processor.rb does (`entry` is then `f.raw`), a readable one with the reason.
-async fn bury_garbage(rt: &Runtime, f: &UnitOfWork, why: &str, entry: &[u8]) {
+async fn bury_garbage(worker: &Worker, f: &UnitOfWork, why: &str, entry: &[u8]) {
     let shown = f.payload_lossy();
     let cut = shown.chars().count() > SHOWN_PAYLOAD_CHARS;
     let shown: String = shown.chars().take(SHOWN_PAYLOAD_CHARS).collect();
@@ -223,10 +225,10 @@ async fn bury_garbage(rt: &Runtime, f: &UnitOfWork, why: &str, entry: &[u8]) {
         "invalid job payload: moved to the dead set{}{}",
         if entry == &f.raw[..] { " as is" } else { "" },
         if cut { " (payload cut in this line)" } else { "" });
-    rt.metrics.garbage(&f.queue);
+    worker.metrics.garbage(&f.queue);
     let mut pipe = redis::pipe();
     retry::add_dead(&mut pipe, entry);
-    rt.fetch.settle(f, pipe).await;
+    worker.fetch.settle(f, pipe).await;
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

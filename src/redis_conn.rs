@@ -23,7 +23,7 @@ pub const BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(12);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where connections go: one server, or whichever server the sentinels name as primary.
-// One per process (held by the Runtime): its size does not matter, boxing would only add noise.
+// One per process (held by the Worker): its size does not matter, boxing would only add noise.
 #[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum Client {

@@ -7,7 +7,7 @@
 
 use crate::error_class;
 use crate::payload::{dump, now_f64, now_value, uses_millis};
-use crate::runtime::Runtime;
+use crate::worker::Worker;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -33,8 +33,8 @@ pub fn prepare(member: &[u8]) -> Option<(String, String)> {
 }
 
 /// Move every due member of `set`; returns how many moved.
-pub async fn enqueue_due(rt: &Runtime, set: &str) -> redis::RedisResult<usize> {
-    let mut conn = rt.conn.clone();
+pub async fn enqueue_due(worker: &Worker, set: &str) -> redis::RedisResult<usize> {
+    let mut conn = worker.conn.clone();
     let mut total = 0;
     loop {
         let now = now_f64();
@@ -158,31 +158,31 @@ fn push_reply(v: Vec<redis::Value>) -> redis::RedisResult<(usize, Refused)> {
 }
 
 /// Sidekiq's random_poll_interval: `avg * rand + avg / 2` with avg = processes x average.
-async fn interval(rt: &Runtime) -> Duration {
-    let mut conn = rt.conn.clone();
+async fn interval(worker: &Worker) -> Duration {
+    let mut conn = worker.conn.clone();
     let count: i64 = redis::cmd("SCARD")
         .arg("processes")
         .query_async(&mut conn)
         .await
         .unwrap_or(1);
-    let avg = rt.config.poll_interval_average * count.max(1) as f64;
+    let avg = worker.config.poll_interval_average * count.max(1) as f64;
     Duration::from_secs_f64(avg * rand::random::<f64>() + avg / 2.0)
 }
 
 /// Poll until quiet (Sidekiq stops its poller at quiet too).
-pub async fn run(rt: std::sync::Arc<Runtime>) {
+pub async fn run(worker: std::sync::Arc<Worker>) {
     loop {
         for set in ["retry", "schedule"] {
-            match enqueue_due(&rt, set).await {
+            match enqueue_due(&worker, set).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(set, count = n, "enqueued due jobs"),
                 Err(e) => tracing::warn!(set, error = %e, "scheduled poller: Redis error"),
             }
         }
-        let wait = interval(&rt).await;
+        let wait = interval(&worker).await;
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = rt.shutdown.quieted() => return,
+            _ = worker.shutdown.quieted() => return,
         }
     }
 }

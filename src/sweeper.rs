@@ -15,7 +15,7 @@
 use crate::error_class;
 use crate::identity::hostname;
 use crate::liveness::{alive_key, FETCHERS_KEY};
-use crate::runtime::Runtime;
+use crate::worker::Worker;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -73,11 +73,11 @@ fn shepherds_left(pid: u32) -> bool {
 /// pid is gone on this host, or it is ourselves after our own lease lapsed). Returns how
 /// many lock keys were deleted; -1 when it turned out to be alive.
 pub async fn release_locks_of(
-    rt: &Runtime,
+    worker: &Worker,
     identity: &str,
     force: bool,
 ) -> redis::RedisResult<i64> {
-    let mut conn = rt.conn.clone();
+    let mut conn = worker.conn.clone();
     let record = crate::lock::locks_record_key(identity);
     let held: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(&record)
@@ -105,19 +105,19 @@ pub async fn release_locks_of(
 }
 
 /// One sweep (if this process wins the lease). Returns how many jobs were recovered.
-pub async fn sweep(rt: &Runtime) -> redis::RedisResult<i64> {
+pub async fn sweep(worker: &Worker) -> redis::RedisResult<i64> {
     // The lock spaces sweeps out fleet-wide (one per SWEEP_EVERY, not one per process); it is
     // left to expire rather than released, so it rate-limits. Each recovery is one atomic
     // script, so two sweeps at once are harmless: that is why a process starting up sweeps
     // without it (see `run`) and recovers its predecessor's jobs at once.
-    if crate::lock::once(
-        &rt.conn,
+    if crate::lock::first_in_window(
+        &worker.conn,
         SWEEP_LOCK,
         SWEEP_EVERY.saturating_sub(Duration::from_millis(500)),
     )
     .await?
     {
-        sweep_now(rt).await
+        sweep_all(worker).await
     } else {
         Ok(0)
     }
@@ -127,15 +127,15 @@ pub async fn sweep(rt: &Runtime) -> redis::RedisResult<i64> {
 pub const SWEEP_LOCK: &str = "playguard:sweep";
 
 /// Recover every dead process's working lists now.
-pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
-    let mut conn = rt.conn.clone();
+pub async fn sweep_all(worker: &Worker) -> redis::RedisResult<i64> {
+    let mut conn = worker.conn.clone();
     let fetchers: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(FETCHERS_KEY)
         .query_async(&mut conn)
         .await?;
     let mut total = 0;
     for (identity, queues) in fetchers {
-        if identity == rt.identity {
+        if identity == worker.identity {
             continue;
         }
         // {"queues": [...], "ns": "..."}; a bare array of queue names is read too.
@@ -154,7 +154,7 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
         let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
         let force = local_pid_gone(&identity, ns);
         // Locks first: a job recovered before its lock is free would be skipped and acked.
-        release_locks_of(rt, &identity, force).await?;
+        release_locks_of(worker, &identity, force).await?;
         let now = crate::payload::now_f64();
         let mut inv = RECOVER.key(FETCHERS_KEY);
         inv.key(alive_key(&identity))
@@ -196,13 +196,13 @@ pub async fn sweep_now(rt: &Runtime) -> redis::RedisResult<i64> {
             total += n;
         }
     }
-    bury_poison(rt).await?;
+    bury_poison(worker).await?;
     Ok(total)
 }
 
 /// Turn poison pills into dead-set entries carrying the reason.
-async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
-    let mut conn = rt.conn.clone();
+async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
+    let mut conn = worker.conn.clone();
     let pills: Vec<Vec<u8>> = redis::cmd("LRANGE")
         .arg(POISON_KEY)
         .arg(0)
@@ -229,20 +229,20 @@ async fn bury_poison(rt: &Runtime) -> redis::RedisResult<()> {
 }
 
 /// Sweep now and every SWEEP_EVERY until stopping.
-pub async fn run(rt: std::sync::Arc<Runtime>) {
+pub async fn run(worker: std::sync::Arc<Worker>) {
     let mut first = true;
     loop {
         let r = if std::mem::take(&mut first) {
-            sweep_now(&rt).await
+            sweep_all(&worker).await
         } else {
-            sweep(&rt).await
+            sweep(&worker).await
         };
         if let Err(e) = r {
             tracing::warn!(error = %e, "orphan sweep: Redis error");
         }
         tokio::select! {
             _ = tokio::time::sleep(SWEEP_EVERY) => {}
-            _ = rt.shutdown.stopped() => return,
+            _ = worker.shutdown.stopped() => return,
         }
     }
 }

@@ -7,7 +7,7 @@
 
 mod support;
 
-use playguard::lock::{acquire, fenced_set, once, LockLost};
+use playguard::lock::{acquire, fenced_set, first_in_window as once, LockLost};
 use playguard::redis_conn::Conn as MultiplexedConnection;
 use playguard::redis_conn::{shared, shared_with_timeout};
 use std::future::Future;

@@ -5,8 +5,8 @@
 //! fetch loop asked for. Keys: those of the pops (`queue:<q>`, our working lists).
 
 use crate::fetch_strategy::Wait;
-use crate::runtime::Runtime;
 use crate::unit_of_work::UnitOfWork;
+use crate::worker::Worker;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,7 +58,7 @@ impl Blocker {
 /// Start blocker `index`, waiting on `wait` each time it is armed.
 pub fn spawn(
     index: usize,
-    rt: Arc<Runtime>,
+    worker: Arc<Worker>,
     wait: Wait,
     tx: mpsc::UnboundedSender<Delivery>,
     set: &mut JoinSet<()>,
@@ -81,13 +81,13 @@ pub fn spawn(
         loop {
             tokio::select! {
                 _ = arm.notified() => {}
-                _ = rt.shutdown.quieted() => return,
+                _ = worker.shutdown.quieted() => return,
             }
-            if rt.shutdown.is_quiet() {
+            if worker.shutdown.is_quiet() {
                 return;
             }
             if conn.is_none() {
-                match crate::redis_conn::dedicated(&rt.client).await {
+                match crate::redis_conn::dedicated(&worker.client).await {
                     Ok(mut c) => {
                         let id: i64 = redis::cmd("CLIENT")
                             .arg("ID")
@@ -106,11 +106,11 @@ pub fn spawn(
                 }
             }
             let c = conn.as_mut().expect("connected above");
-            let epoch = rt.liveness.epoch();
-            let order = rt.config.queues.order();
-            let cmd = rt.fetch.wait_cmd(&wait, &order, BLOCK_TIMEOUT_SECS);
+            let epoch = worker.liveness.epoch();
+            let order = worker.config.queues.order();
+            let cmd = worker.fetch.wait_cmd(&wait, &order, BLOCK_TIMEOUT_SECS);
             let res = match cmd.query_async::<redis::Value>(c).await {
-                Ok(v) => rt.fetch.delivered(&wait, v, epoch),
+                Ok(v) => worker.fetch.delivered(&wait, v, epoch),
                 Err(e) => Err(e),
             };
             match res {
@@ -133,8 +133,8 @@ pub fn spawn(
 }
 
 /// Ask Redis to end the blocked pops now (they return nil, or the job they already moved).
-pub async fn unblock(rt: &Runtime, blockers: &[Blocker]) {
-    let mut conn = rt.conn.clone();
+pub async fn unblock(worker: &Worker, blockers: &[Blocker]) {
+    let mut conn = worker.conn.clone();
     for b in blockers {
         let id = b.client_id.load(Ordering::SeqCst);
         if id >= 0 {

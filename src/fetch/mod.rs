@@ -8,8 +8,8 @@
 mod blockers;
 
 use crate::processor;
-use crate::runtime::Runtime;
 use crate::unit_of_work::UnitOfWork;
+use crate::worker::Worker;
 use blockers::{Blocker, Delivery, ERROR_PAUSE};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +30,8 @@ struct Quieted;
 
 /// The fetch loop's state between rounds.
 struct FetchLoop {
-    rt: Arc<Runtime>,
-    slots: Arc<Semaphore>,
+    worker: Arc<Worker>,
+    permits: Arc<Semaphore>,
     blockers: Vec<Blocker>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     /// Fetched, not yet started (last = next to start).
@@ -63,12 +63,12 @@ impl FetchLoop {
         while let Some(job) = self.held.pop() {
             let permit = tokio::select! {
                 biased;
-                _ = self.rt.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
-                p = self.slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+                _ = self.worker.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
+                p = self.permits.clone().acquire_owned() => p.expect("semaphore never closed"),
             };
-            let rt = self.rt.clone();
+            let worker = self.worker.clone();
             tokio::spawn(async move {
-                processor::process(&rt, job).await;
+                processor::process(&worker, job).await;
                 drop(permit);
             });
         }
@@ -79,15 +79,15 @@ impl FetchLoop {
     /// job that fetch moved there. Nothing runs, no ack waits, no pop is in flight, and only
     /// this loop adds to the lists, so push them all back to their queues.
     async fn rescue_if_idle(&mut self) -> bool {
-        let rt = &self.rt;
+        let worker = &self.worker;
         if !self.may_hide_jobs
-            || self.slots.available_permits() != rt.config.concurrency
-            || rt.fetch.acks_pending() != 0
+            || self.permits.available_permits() != worker.config.concurrency
+            || worker.fetch.acks_pending() != 0
             || self.blockers.iter().any(Blocker::is_armed)
         {
             return false;
         }
-        match rt.fetch.drain(&rt.config.queues.names()).await {
+        match worker.fetch.drain(&worker.config.queues.names()).await {
             Ok(n) => {
                 if n > 0 {
                     tracing::warn!(
@@ -107,8 +107,10 @@ impl FetchLoop {
 
     /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
     async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
-        let rt = self.rt.clone();
-        let want = rt.fetch.waits_to_arm(self.blockers.len(), free, self.idle);
+        let worker = self.worker.clone();
+        let want = worker
+            .fetch
+            .waits_to_arm(self.blockers.len(), free, self.idle);
         let mut armed = self.blockers.iter().filter(|b| b.is_armed()).count();
         for b in &self.blockers {
             if armed >= want {
@@ -124,25 +126,25 @@ impl FetchLoop {
                     let got = d.job.is_some();
                     self.idle = !got;
                     self.take(d);
-                    if got && rt.fetch.one_delivery_ends_waits() && self.blockers.len() > 1 {
-                        blockers::unblock(&rt, &self.blockers).await;
+                    if got && worker.fetch.one_delivery_ends_waits() && self.blockers.len() > 1 {
+                        blockers::unblock(&worker, &self.blockers).await;
                     }
                     Ok(())
                 }
                 None => Err(Quieted),
             },
-            _ = rt.shutdown.quieted() => Err(Quieted),
+            _ = worker.shutdown.quieted() => Err(Quieted),
         }
     }
 
     /// One round: start what we hold, wait for a free slot, then take a batch or block.
     async fn round(&mut self) -> Result<(), Quieted> {
         self.start_held().await?;
-        let rt = self.rt.clone();
+        let worker = self.worker.clone();
         let free = tokio::select! {
             biased;
-            _ = rt.shutdown.quieted() => return Err(Quieted),
-            p = self.slots.clone().acquire_owned() => { drop(p); self.slots.available_permits() }
+            _ = worker.shutdown.quieted() => return Err(Quieted),
+            p = self.permits.clone().acquire_owned() => { drop(p); self.permits.available_permits() }
         };
         self.take_ready();
         if !self.held.is_empty() {
@@ -150,23 +152,23 @@ impl FetchLoop {
             return Ok(());
         }
         // A process whose liveness lease lapsed takes no work until a heartbeat lands again.
-        if !rt.liveness.is_live() {
+        if !worker.liveness.is_live() {
             tracing::warn!("liveness lease lapsed: not fetching until a heartbeat lands");
             return tokio::select! {
-                _ = rt.liveness.live() => Ok(()),
-                _ = rt.shutdown.quieted() => Err(Quieted),
+                _ = worker.liveness.live() => Ok(()),
+                _ = worker.shutdown.quieted() => Err(Quieted),
             };
         }
         // Queues busy: take what the free slots can run. Only when that finds nothing do we
         // block.
-        let order = rt.config.queues.order();
-        match rt
+        let order = worker.config.queues.order();
+        match worker
             .fetch
-            .take(&order, free.min(MAX_BATCH), rt.liveness.epoch())
+            .take(&order, free.min(MAX_BATCH), worker.liveness.epoch())
             .await
         {
             Ok(v) if !v.is_empty() => {
-                rt.metrics.fetch_batch(v.len());
+                worker.metrics.fetch_batch(v.len());
                 self.idle = false;
                 self.held = v;
                 self.held.reverse(); // started from the end: keep fetch order
@@ -174,11 +176,11 @@ impl FetchLoop {
             }
             Ok(_) => {}
             Err(e) => {
-                self.may_hide_jobs |= rt.fetch.lost_reply_may_hide_jobs();
+                self.may_hide_jobs |= worker.fetch.lost_reply_may_hide_jobs();
                 tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                 return tokio::select! {
                     _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
-                    _ = rt.shutdown.quieted() => Err(Quieted),
+                    _ = worker.shutdown.quieted() => Err(Quieted),
                 };
             }
         }
@@ -191,23 +193,23 @@ impl FetchLoop {
 
 /// The fetch loop: runs until quiet/stop, starting one processor task per job, never more
 /// than `concurrency` at once. Jobs that arrive after quiet are pushed straight back.
-pub async fn run(rt: Arc<Runtime>, slots: Arc<Semaphore>) {
+pub async fn run(worker: Arc<Worker>, permits: Arc<Semaphore>) {
     let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
     let mut tasks = JoinSet::new();
-    let waits = rt.fetch.waits(
-        &rt.config.queues.names(),
-        rt.config.concurrency,
+    let waits = worker.fetch.waits(
+        &worker.config.queues.names(),
+        worker.config.concurrency,
         MAX_BRPOP_CONNECTIONS,
     );
     let blockers = waits
         .into_iter()
         .enumerate()
-        .map(|(i, w)| blockers::spawn(i, rt.clone(), w, tx.clone(), &mut tasks))
+        .map(|(i, w)| blockers::spawn(i, worker.clone(), w, tx.clone(), &mut tasks))
         .collect();
     drop(tx);
     let mut lp = FetchLoop {
-        rt: rt.clone(),
-        slots,
+        worker: worker.clone(),
+        permits,
         blockers,
         deliveries,
         held: Vec::new(),
@@ -216,7 +218,7 @@ pub async fn run(rt: Arc<Runtime>, slots: Arc<Semaphore>) {
     };
     while lp.round().await.is_ok() {}
     // Quiet: end the blocked pops and hand back everything fetched but not started.
-    blockers::unblock(&rt, &lp.blockers).await;
+    blockers::unblock(&worker, &lp.blockers).await;
     // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
     // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
     // still move stays in our working list, which the orphan sweep returns once we are gone).
@@ -232,6 +234,6 @@ pub async fn run(rt: Arc<Runtime>, slots: Arc<Semaphore>) {
     }
     lp.take_ready();
     for job in std::mem::take(&mut lp.held) {
-        rt.fetch.requeue_logged(&job).await;
+        worker.fetch.requeue_logged(&job).await;
     }
 }

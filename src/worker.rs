@@ -7,16 +7,16 @@ use crate::fetch_strategy::FetchStrategy;
 use crate::handler::Registry;
 use crate::redis_conn::Conn;
 use crate::shutdown::Shutdown;
-use crate::work::WorkState;
+use crate::slots::SlotTable;
 use std::sync::Arc;
 
-pub struct Runtime {
+pub struct Worker {
     pub client: crate::redis_conn::Client,
     pub conn: Conn,
     pub identity: String,
     pub config: Config,
     pub registry: Registry,
-    pub work: Arc<WorkState>,
+    pub slots: Arc<SlotTable>,
     pub shutdown: Shutdown,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Sidekiq 7/8 Metrics-tab counters, flushed by the heartbeat.
@@ -27,7 +27,7 @@ pub struct Runtime {
     pub liveness: crate::liveness::Liveness,
 }
 
-impl Runtime {
+impl Worker {
     /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep to release if
     /// we die (only where a sweep recovers our jobs).
     pub fn locks_record(&self) -> Option<String> {

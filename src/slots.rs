@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 #[derive(Debug, Clone)]
-pub struct WorkEntry {
+pub struct SlotEntry {
     pub queue: String,
     /// The original payload string, published verbatim as Sidekiq does.
     pub payload: Arc<str>,
@@ -22,8 +22,8 @@ pub struct WorkEntry {
 }
 
 #[derive(Default)]
-pub struct WorkState {
-    slots: Mutex<BTreeMap<String, WorkEntry>>,
+pub struct SlotTable {
+    slots: Mutex<BTreeMap<String, SlotEntry>>,
     next: AtomicU64,
     processed: AtomicU64,
     failed: AtomicU64,
@@ -31,7 +31,7 @@ pub struct WorkState {
 
 /// Removes the slot's entry when the job's processing ends, however it ends.
 pub struct SlotGuard {
-    state: Arc<WorkState>,
+    state: Arc<SlotTable>,
     pub tid: String,
 }
 
@@ -62,12 +62,12 @@ fn tid(n: u64) -> String {
     String::from_utf8(out).unwrap()
 }
 
-impl WorkState {
-    pub fn new() -> Arc<WorkState> {
-        Arc::new(WorkState::default())
+impl SlotTable {
+    pub fn new() -> Arc<SlotTable> {
+        Arc::new(SlotTable::default())
     }
 
-    pub fn begin(self: &Arc<Self>, entry: WorkEntry) -> SlotGuard {
+    pub fn begin(self: &Arc<Self>, entry: SlotEntry) -> SlotGuard {
         let tid = tid(self.next.fetch_add(1, Ordering::Relaxed));
         self.slots.lock().unwrap().insert(tid.clone(), entry);
         SlotGuard {
@@ -76,7 +76,7 @@ impl WorkState {
         }
     }
 
-    pub fn snapshot(&self) -> Vec<(String, WorkEntry)> {
+    pub fn snapshot(&self) -> Vec<(String, SlotEntry)> {
         self.slots
             .lock()
             .unwrap()
