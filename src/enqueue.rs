@@ -18,16 +18,6 @@ pub struct NewJob {
 }
 
 impl NewJob {
-    pub fn new(class: impl Into<String>, args: Vec<Value>) -> NewJob {
-        NewJob {
-            class: class.into(),
-            args,
-            queue: "default".into(),
-            retry: Value::Bool(true),
-            at: None,
-        }
-    }
-
     /// The payload in Sidekiq's key order: options, caller keys, jid, created_at, enqueued_at.
     pub fn payload(&self, jid: &str, now: f64) -> String {
         let mut m = Map::new();

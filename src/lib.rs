@@ -6,69 +6,90 @@
 //!
 //! # Layout
 //!
-//! (ARCHITECTURE.md has the picture: tasks, the path of one job, who owns which key.)
+//! ARCHITECTURE.md has the picture (tasks, the path of one job, who owns which key). Read the
+//! modules in this order; each depends only on those above it or beside it in its group.
 //!
-//! - Start and stop: `cli` (flags) → `config` → `launcher` (builds the `runtime`, starts the
-//!   loops, runs the one-way shutdown of `shutdown`).
-//! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
-//!   registry) → `command_job` / `cycle` (the phased-lock engine; `reconcile` builds
-//!   manifest cycles of command phases) → outcome via `retry`, settled by the `fetch` strategy.
-//! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml),
-//!   `manifest_jobs` (manifest entries into the registry, and what they need to start).
-//! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
-//!   and `db` / `db_tls` (PostgreSQL).
-//! - Liveness and recovery: `heartbeat` (Sidekiq's process keys), `liveness` (our lease),
-//!   `sweeper` (orphaned jobs and dead holders' locks), `work` (the slot table).
-//! - Side loops: `scheduled` (retry and schedule sets), `periodic` (the fan-out),
-//!   `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` (Prometheus counters) and
-//!   `metrics_http` (their endpoint).
-//! - Connections: `redis_conn` (shared and blocking connections), `sentinel`, `redis_client`
-//!   (one server's client, TLS).
-//! - Clients of the same keys: `enqueue`, `ops` (`playguard locks`, `playguard cycles`).
-//! - `logging`, `redact` (no secret in any printed line).
+//! **Leaves** (no other module of ours): `payload` (a popped job, Sidekiq's JSON rules),
+//! `queues` (queue order, `queue:<q>`), `error_class`, `identity`, `shutdown` (the one-way
+//! quiet/stop state), `slots` (what each slot runs, unflushed counters), `logging`, `redact`.
+//!
+//! **Connections and stores**: `redis_client` (one server's client, TLS) ← `sentinel` ←
+//! `redis_conn` (the shared and the blocking connections, re-resolving behind sentinels);
+//! `db_tls` ← `db` (PostgreSQL pool, schema) ← `ledger` (cycle records);
+//! `lock` (token lease, fences in Redis) ← `fence_store` (fences from Redis or PostgreSQL).
+//!
+//! **One worker process** (`worker::Worker` is the shared data, no behaviour):
+//! - start and stop: `cli` (flags, subcommands) → `config` → `launcher` (builds the worker,
+//!   starts the loops, runs the shutdown) with `manifest` / `manifest_jobs` (jobs/*.toml into
+//!   the registry);
+//! - one job: `fetch` (the loop feeding free slots, `fetch/blockers`) → `processor` →
+//!   `handler` (the registry) → `command_job` / `reconcile` (manifest cycles) over `cycle`
+//!   (the phased-lock engine) and `command` (the shepherd, process groups, output lines) →
+//!   `retry` (Sidekiq's failure rules) → settled through `fetch_strategy` (reliable or
+//!   basic: the unit of work's take, acknowledge, settle, requeue, drain), on a
+//!   `unit_of_work::UnitOfWork`;
+//! - side loops: `heartbeat` (Sidekiq's process keys), `liveness` (our lease), `sweeper`
+//!   (dead processes' jobs and locks), `scheduled` (retry and schedule sets), `periodic` (the
+//!   fan-out), `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` and `metrics_http`
+//!   (Prometheus).
+//!
+//! **Clients of the same keys**: `enqueue` (`playguard enqueue`), `ops` (`playguard locks`,
+//! `playguard cycles`).
+//!
+//! Public modules are the library API of README's "Library use"; the rest are private.
 
+// The library API (README "Library use", examples/, benches/).
 pub mod cli;
-pub mod command;
-pub mod command_job;
 pub mod config;
-pub mod cycle;
 pub mod db;
-pub mod db_tls;
-pub mod enqueue;
-pub mod error_class;
 pub mod fence_store;
-pub mod fetch;
-pub mod fetch_strategy;
 pub mod handler;
-pub mod heartbeat;
-pub mod identity;
-pub mod job_metrics;
 pub mod launcher;
-pub mod ledger;
-pub mod liveness;
 pub mod lock;
-pub mod logging;
-pub mod manifest;
-pub mod manifest_jobs;
-pub mod metrics;
-pub mod metrics_http;
-pub mod ops;
-pub mod payload;
-pub mod periodic;
-pub mod processor;
-pub mod queues;
 pub mod reconcile;
-pub mod redact;
-pub mod redis_client;
 pub mod redis_conn;
 pub mod retry;
-pub mod scheduled;
-pub mod sentinel;
 pub mod shutdown;
-pub mod slots;
-pub mod sweeper;
-pub mod unit_of_work;
-pub mod worker;
+
+mod command;
+mod command_job;
+mod cycle;
+mod db_tls;
+mod enqueue;
+mod error_class;
+mod fetch;
+mod fetch_strategy;
+mod heartbeat;
+mod identity;
+mod job_metrics;
+mod ledger;
+mod liveness;
+mod logging;
+mod manifest;
+mod manifest_jobs;
+mod metrics;
+mod metrics_http;
+mod ops;
+mod payload;
+mod periodic;
+mod processor;
+mod queues;
+mod redact;
+mod redis_client;
+mod scheduled;
+mod sentinel;
+mod slots;
+mod sweeper;
+mod unit_of_work;
+mod worker;
 
 pub use handler::{JobContext, Outcome, Registry};
 pub use retry::Failure;
+
+/// Internals the integration tests drive directly. Not a stable API.
+#[doc(hidden)]
+pub mod test_support {
+    pub use crate::job_metrics::{JobMetrics, Mode};
+    pub use crate::payload::{new_jid, now_f64};
+    pub use crate::periodic::{member_arg, tick_of};
+}

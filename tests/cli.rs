@@ -112,7 +112,7 @@ fn enqueue_in_goes_to_the_schedule_set() {
         job.get("enqueued_at").is_none(),
         "scheduled members carry no enqueued_at"
     );
-    let now = playguard::payload::now_f64();
+    let now = playguard::test_support::now_f64();
     assert!(members[0].1 > now + 3500.0);
 }
 

@@ -4,7 +4,7 @@
 mod support;
 
 use chrono::{DateTime, Utc};
-use playguard::job_metrics::{JobMetrics, Mode};
+use playguard::test_support::{JobMetrics, Mode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;

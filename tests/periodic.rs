@@ -4,7 +4,7 @@
 //! redis-server.
 mod support;
 
-use playguard::periodic::tick_of;
+use playguard::test_support::tick_of;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -99,7 +99,7 @@ fn tick_logs(w: &Worker) -> Vec<(u64, usize)> {
 fn set_of(items: &[&str]) -> BTreeSet<String> {
     items
         .iter()
-        .map(|m| serde_json::to_string(&playguard::periodic::member_arg(m)).unwrap())
+        .map(|m| serde_json::to_string(&playguard::test_support::member_arg(m)).unwrap())
         .collect()
 }
 

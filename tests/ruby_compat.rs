@@ -298,7 +298,7 @@ fn dead_set_is_trimmed_as_sidekiq_trims_it() {
     let p = project();
     let mut c = redis.conn();
     // 10,000 old-but-recent entries, plus one older than 180 days.
-    let now = playguard::payload::now_f64();
+    let now = playguard::test_support::now_f64();
     let mut zadd = redis::cmd("ZADD");
     zadd.arg("dead");
     for i in 0..10_000 {

@@ -19,7 +19,7 @@ fn config(redis: &RedisServer) -> Config {
 }
 
 fn push(redis: &RedisServer, class: &str, args: serde_json::Value) {
-    let job = serde_json::json!({"class": class, "args": args, "jid": playguard::payload::new_jid(),
+    let job = serde_json::json!({"class": class, "args": args, "jid": playguard::test_support::new_jid(),
         "queue": "default", "retry": 1, "created_at": 1.0, "enqueued_at": 1.0});
     let _: () = redis::cmd("LPUSH")
         .arg("queue:default")
