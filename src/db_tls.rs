@@ -216,6 +216,21 @@ struct Verifier {
     check_name: bool,
 }
 
+/// The TLS 1.2 and 1.3 signature checks of a verifier: each hands its arguments to rustls'
+/// function of the same name with the provider's algorithms (the trait wants both spelled out).
+macro_rules! verify_signatures_with {
+    ($($name:ident),*) => {$(
+        fn $name(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            $name(message, cert, dss, &self.algorithms)
+        }
+    )*};
+}
+
 impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
@@ -242,23 +257,7 @@ impl ServerCertVerifier for Verifier {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
+    verify_signatures_with!(verify_tls12_signature, verify_tls13_signature);
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.algorithms.supported_schemes()

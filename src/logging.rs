@@ -12,9 +12,19 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFi
 use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
 
-/// One flat JSON object per event: timestamp, level, the fields of every enclosing span
-/// (outermost first), then the event's own fields, `message` included.
-struct FlatJson;
+/// How each log line is written.
+enum LineFormat {
+    /// One flat JSON object per event: timestamp, level, the fields of every enclosing span
+    /// (outermost first), then the event's own fields, `message` included.
+    FlatJson,
+    /// Plain text, the same layout as tracing-subscriber's default (`Full`, no ANSI, no
+    /// target): `2026-01-02T03:04:05.678901Z  INFO playguard{pid=7}:job{jid=… class=…
+    /// queue=…}: done elapsed_ms=0.1`, at a fraction of its cost per line: the date and time
+    /// up to the second are formatted once per second per thread, and no styling wrappers are
+    /// formatted at all. Two lines per job are the price of Sidekiq's start/done lines, so
+    /// every line counts.
+    FastText,
+}
 
 struct JsonVisitor<'a>(&'a mut Map<String, Value>);
 
@@ -44,47 +54,6 @@ impl Visit for JsonVisitor<'_> {
             .insert(f.name().into(), Value::from(format!("{v:?}")));
     }
 }
-
-impl<S, N> FormatEvent<S, N> for FlatJson
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut w: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        let mut map = Map::new();
-        let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        map.insert("timestamp".into(), Value::from(now));
-        map.insert(
-            "level".into(),
-            Value::from(event.metadata().level().as_str()),
-        );
-        if let Some(scope) = ctx.event_scope() {
-            for span in scope.from_root() {
-                let ext = span.extensions();
-                // With JsonFields, a span's recorded fields are kept as a JSON object string.
-                if let Some(f) = ext.get::<FormattedFields<N>>() {
-                    if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&f.fields) {
-                        map.extend(fields);
-                    }
-                }
-            }
-        }
-        event.record(&mut JsonVisitor(&mut map));
-        writeln!(w, "{}", Value::Object(map))
-    }
-}
-
-/// Plain text, the same layout as tracing-subscriber's default (`Full`, no ANSI, no target):
-/// `2026-01-02T03:04:05.678901Z  INFO playguard{pid=7}:job{jid=… class=… queue=…}: done
-/// elapsed_ms=0.1`, at a fraction of its cost per line: the date and time up to the second are
-/// formatted once per second per thread, and no styling wrappers are formatted at all. Two
-/// lines per job are the price of Sidekiq's start/done lines, so every line counts.
-struct FastText;
 
 thread_local! {
     /// (epoch second, "YYYY-MM-DDTHH:MM:SS.") of the last line this thread wrote.
@@ -116,7 +85,9 @@ fn write_timestamp(w: &mut Writer<'_>) -> fmt::Result {
     w.write_str(std::str::from_utf8(&digits).unwrap_or("000000Z"))
 }
 
-impl<S, N> FormatEvent<S, N> for FastText
+/// Both line formats through one `FormatEvent`: the span fields are read the same way, only
+/// the writing differs.
+impl<S, N> FormatEvent<S, N> for LineFormat
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
@@ -127,35 +98,63 @@ where
         mut w: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        write_timestamp(&mut w)?;
-        w.write_str(match *event.metadata().level() {
-            tracing::Level::ERROR => " ERROR ",
-            tracing::Level::WARN => "  WARN ",
-            tracing::Level::INFO => "  INFO ",
-            tracing::Level::DEBUG => " DEBUG ",
-            tracing::Level::TRACE => " TRACE ",
-        })?;
-        if let Some(scope) = ctx.event_scope() {
-            let mut seen = false;
-            for span in scope.from_root() {
-                w.write_str(span.metadata().name())?;
-                let ext = span.extensions();
-                if let Some(f) = ext.get::<FormattedFields<N>>() {
-                    if !f.fields.is_empty() {
-                        w.write_char('{')?;
-                        w.write_str(&f.fields)?;
-                        w.write_char('}')?;
+        match self {
+            LineFormat::FlatJson => {
+                let mut map = Map::new();
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+                map.insert("timestamp".into(), Value::from(now));
+                map.insert(
+                    "level".into(),
+                    Value::from(event.metadata().level().as_str()),
+                );
+                if let Some(scope) = ctx.event_scope() {
+                    for span in scope.from_root() {
+                        let ext = span.extensions();
+                        // With JsonFields, a span's recorded fields are kept as a JSON object string.
+                        if let Some(f) = ext.get::<FormattedFields<N>>() {
+                            if let Ok(Value::Object(fields)) =
+                                serde_json::from_str::<Value>(&f.fields)
+                            {
+                                map.extend(fields);
+                            }
+                        }
                     }
                 }
-                w.write_char(':')?;
-                seen = true;
+                event.record(&mut JsonVisitor(&mut map));
+                writeln!(w, "{}", Value::Object(map))
             }
-            if seen {
-                w.write_char(' ')?;
+            LineFormat::FastText => {
+                write_timestamp(&mut w)?;
+                w.write_str(match *event.metadata().level() {
+                    tracing::Level::ERROR => " ERROR ",
+                    tracing::Level::WARN => "  WARN ",
+                    tracing::Level::INFO => "  INFO ",
+                    tracing::Level::DEBUG => " DEBUG ",
+                    tracing::Level::TRACE => " TRACE ",
+                })?;
+                if let Some(scope) = ctx.event_scope() {
+                    let mut seen = false;
+                    for span in scope.from_root() {
+                        w.write_str(span.metadata().name())?;
+                        let ext = span.extensions();
+                        if let Some(f) = ext.get::<FormattedFields<N>>() {
+                            if !f.fields.is_empty() {
+                                w.write_char('{')?;
+                                w.write_str(&f.fields)?;
+                                w.write_char('}')?;
+                            }
+                        }
+                        w.write_char(':')?;
+                        seen = true;
+                    }
+                    if seen {
+                        w.write_char(' ')?;
+                    }
+                }
+                ctx.format_fields(w.by_ref(), event)?;
+                w.write_char('\n')
             }
         }
-        ctx.format_fields(w.by_ref(), event)?;
-        w.write_char('\n')
     }
 }
 
@@ -249,13 +248,13 @@ pub fn init(json: bool) -> tracing_appender::non_blocking::WorkerGuard {
     let r = if json {
         builder
             .fmt_fields(JsonFields::new())
-            .event_format(FlatJson)
+            .event_format(LineFormat::FlatJson)
             .try_init()
     } else {
         builder
             .with_ansi(false)
             .fmt_fields(FastFields)
-            .event_format(FastText)
+            .event_format(LineFormat::FastText)
             .try_init()
     };
     let _ = r;
@@ -317,7 +316,7 @@ mod tests {
             .with_target(false)
             .with_ansi(false)
             .fmt_fields(FastFields)
-            .event_format(FastText)
+            .event_format(LineFormat::FastText)
             .with_writer(move || w.clone())
             .finish();
         tracing::subscriber::with_default(sub, emit);

@@ -3,6 +3,7 @@
 //! over all of them. Nothing to acknowledge; a requeue is an RPUSH back onto `queue:<q>` (or,
 //! when that key holds another type, the job goes to `dead` with the reason).
 
+use super::Batch;
 use crate::queues::queue_key;
 use crate::redis_conn::Conn;
 use crate::unit_of_work::UnitOfWork;
@@ -20,12 +21,7 @@ impl BasicFetch {
     /// one by one. Plain commands, not a script: a payload that passes through Lua costs Redis
     /// several times the instructions (callgrind: 7.7k vs 1.3k per job). With several queues
     /// one pipeline of LLEN says which to pop from, so the empty ones cost no round trip each.
-    pub async fn take(
-        &self,
-        order: &[String],
-        n: usize,
-        epoch: u64,
-    ) -> redis::RedisResult<Vec<UnitOfWork>> {
+    pub async fn take(&self, order: &[String], n: usize, epoch: u64) -> Batch {
         let mut conn = self.conn.clone();
         let plan: Vec<(usize, usize)> = if order.len() == 1 {
             vec![(0, n)]

@@ -19,6 +19,9 @@ use basic::BasicFetch;
 use reliable::ReliableFetch;
 use std::sync::Mutex;
 
+/// Jobs taken in one round trip, in fetch order.
+pub type Batch = redis::RedisResult<Vec<UnitOfWork>>;
+
 /// Pause between attempts to write an outcome (as the acks are retried).
 const SETTLE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -75,12 +78,7 @@ impl FetchStrategy {
     }
 
     /// Take up to `n` jobs in `order` for the free slots, in one round trip per batch.
-    pub async fn take(
-        &self,
-        order: &[String],
-        n: usize,
-        epoch: u64,
-    ) -> redis::RedisResult<Vec<UnitOfWork>> {
+    pub async fn take(&self, order: &[String], n: usize, epoch: u64) -> Batch {
         match &self.mode {
             Mode::Reliable(r) => r.take(order, n, epoch).await,
             Mode::Basic(b) => b.take(order, n, epoch).await,

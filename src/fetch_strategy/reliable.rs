@@ -6,6 +6,7 @@
 //! process leaves in its lists the orphan sweep (`sweeper.rs`) returns.
 
 use super::acks::Acks;
+use super::Batch;
 use crate::queues::queue_key;
 use crate::redis_conn::Conn;
 use crate::unit_of_work::UnitOfWork;
@@ -48,12 +49,7 @@ impl ReliableFetch {
     /// every key of a call costs Redis a Lua string, so with 100 queues a batch the first few
     /// can fill should not pay for all 200 keys. A later chunk is asked only for what the
     /// earlier ones lacked, which keeps the order strict.
-    pub async fn take(
-        &self,
-        order: &[String],
-        n: usize,
-        epoch: u64,
-    ) -> redis::RedisResult<Vec<UnitOfWork>> {
+    pub async fn take(&self, order: &[String], n: usize, epoch: u64) -> Batch {
         let mut conn = self.conn.clone();
         let mut out = Vec::new();
         for chunk in order.chunks(FETCH_QUEUES_PER_CALL) {

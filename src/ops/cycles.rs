@@ -127,45 +127,36 @@ pub fn from_locks(locks: Vec<super::locks::Lock>, key: Option<&str>, limit: usiz
 
 /// The aligned table of `playguard cycles`.
 pub fn render(cycles: &[Cycle]) -> String {
-    if cycles.is_empty() {
-        return "no cycles\n".into();
-    }
-    let rows: Vec<Vec<String>> = cycles
-        .iter()
-        .map(|c| {
-            vec![
-                c.id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
-                c.lock_key.clone(),
-                c.outcome.clone(),
-                super::cell(c.phase.as_deref()),
-                c.fence.map(|f| f.to_string()).unwrap_or_else(|| "-".into()),
-                c.jid.clone(),
-                c.identity.clone(),
-                c.started_at
-                    .as_deref()
-                    .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
-                    .map(|t| super::clock(t.timestamp_millis()))
-                    .unwrap_or_else(|| "-".into()),
-                super::duration(c.took_ms),
-                super::clip(c.error.as_deref().unwrap_or("-"), 70),
-            ]
-        })
-        .collect();
-    super::table(
-        &[
-            "ID",
-            "KEY",
-            "OUTCOME",
-            "PHASE",
-            "FENCE",
-            "JID",
-            "HOLDER",
-            "STARTED (UTC)",
-            "TOOK",
-            "ERROR",
-        ],
-        &rows,
-    )
+    let header = &[
+        "ID",
+        "KEY",
+        "OUTCOME",
+        "PHASE",
+        "FENCE",
+        "JID",
+        "HOLDER",
+        "STARTED (UTC)",
+        "TOOK",
+        "ERROR",
+    ];
+    super::render_rows(cycles, "no cycles", header, |c| {
+        vec![
+            c.id.map(|i| i.to_string()).unwrap_or_else(|| "-".into()),
+            c.lock_key.clone(),
+            c.outcome.clone(),
+            super::cell(c.phase.as_deref()),
+            c.fence.map(|f| f.to_string()).unwrap_or_else(|| "-".into()),
+            c.jid.clone(),
+            c.identity.clone(),
+            c.started_at
+                .as_deref()
+                .and_then(|s| chrono::DateTime::parse_from_rfc3339(s).ok())
+                .map(|t| super::clock(t.timestamp_millis()))
+                .unwrap_or_else(|| "-".into()),
+            super::duration(c.took_ms),
+            super::clip(c.error.as_deref().unwrap_or("-"), 70),
+        ]
+    })
 }
 
 /// `playguard cycles`: exit 0, 1 when the source cannot be read, 2 for a bad URL.
@@ -205,31 +196,13 @@ pub async fn command(
                         return code;
                     }
                 };
-            match super::locks::collect(&mut conn, None).await {
+            match super::locks::collect_or_report(&mut conn, None, redis_url).await {
                 Ok(f) => (from_locks(f.locks, key, limit as usize), Some(NO_DATABASE)),
-                Err(e) => {
-                    eprintln!(
-                        "playguard: cannot read the locks from Redis at {}: {e}",
-                        crate::redact::url(redis_url)
-                    );
-                    return 1;
-                }
+                Err(code) => return code,
             }
         }
     };
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&cycles).expect("cycles serialize")
-        );
-        if let Some(n) = note {
-            eprintln!("playguard: {n}");
-        }
-    } else {
-        print!("{}", render(&cycles));
-        if let Some(n) = note {
-            println!("note: {n}");
-        }
-    }
+    let notes: Vec<&str> = note.into_iter().collect();
+    super::print(&cycles, || render(&cycles), &notes, json);
     0
 }

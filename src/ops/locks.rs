@@ -22,11 +22,15 @@ use tokio_postgres::types::Type;
 /// One recorded lock, as `--json` prints it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Lock {
+    /// The lock key, as the job's manifest rendered it.
     pub key: String,
+    /// The manifest's label for the locked thing (a Marquee's name), when it gives one.
     pub label: Option<String>,
     /// The holder's Sidekiq identity (`hostname:pid:nonce`).
     pub identity: String,
+    /// The holder's host, from its identity.
     pub host: String,
+    /// The holding job's jid and class, as the Busy page shows them.
     pub jid: String,
     pub class: String,
     /// The phase running at the holder's last heartbeat (`null` between phases).
@@ -222,32 +226,23 @@ async fn ledger_fences(db: &Db, locks: &mut [Lock]) -> Result<(), crate::db::DbE
 
 /// The aligned table of `playguard locks`.
 pub fn render(locks: &[Lock]) -> String {
-    if locks.is_empty() {
-        return "no locks held\n".into();
-    }
-    let rows: Vec<Vec<String>> = locks
-        .iter()
-        .map(|l| {
-            vec![
-                l.key.clone(),
-                super::cell(l.label.as_deref()),
-                l.identity.clone(),
-                l.host.clone(),
-                l.jid.clone(),
-                super::cell(l.phase.as_deref()),
-                super::duration(l.held_ms),
-                super::duration(l.left_ms),
-                l.fence.map(|f| f.to_string()).unwrap_or_else(|| "-".into()),
-                l.state.to_string(),
-            ]
-        })
-        .collect();
-    super::table(
-        &[
-            "KEY", "LABEL", "HOLDER", "HOST", "JID", "PHASE", "HELD", "LEFT", "FENCE", "STATE",
-        ],
-        &rows,
-    )
+    let header = &[
+        "KEY", "LABEL", "HOLDER", "HOST", "JID", "PHASE", "HELD", "LEFT", "FENCE", "STATE",
+    ];
+    super::render_rows(locks, "no locks held", header, |l| {
+        vec![
+            l.key.clone(),
+            super::cell(l.label.as_deref()),
+            l.identity.clone(),
+            l.host.clone(),
+            l.jid.clone(),
+            super::cell(l.phase.as_deref()),
+            super::duration(l.held_ms),
+            super::duration(l.left_ms),
+            l.fence.map(|f| f.to_string()).unwrap_or_else(|| "-".into()),
+            l.state.to_string(),
+        ]
+    })
 }
 
 /// Open Redis (and the database when a URL is given) for an operator command; the error
@@ -278,6 +273,21 @@ pub async fn connect(
     Ok((conn, db))
 }
 
+/// `collect`, or the one line an operator reads when Redis cannot be read (exit code 1).
+pub async fn collect_or_report(
+    conn: &mut crate::redis_conn::Conn,
+    db: Option<&crate::db::Db>,
+    redis_url: &str,
+) -> Result<Found, i32> {
+    collect(conn, db).await.map_err(|e| {
+        eprintln!(
+            "playguard: cannot read the locks from Redis at {}: {e}",
+            crate::redact::url(redis_url)
+        );
+        1
+    })
+}
+
 /// `playguard locks [--json]`: exit 0, or 1 when Redis cannot be read, 2 for a bad URL.
 pub async fn command(redis_url: &str, database_url: Option<&str>, json: bool) -> i32 {
     let (mut conn, db) = match connect(redis_url, database_url, "playguard-locks").await {
@@ -287,30 +297,12 @@ pub async fn command(redis_url: &str, database_url: Option<&str>, json: bool) ->
             return code;
         }
     };
-    let found = match collect(&mut conn, db.as_ref()).await {
+    let found = match collect_or_report(&mut conn, db.as_ref(), redis_url).await {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!(
-                "playguard: cannot read the locks from Redis at {}: {e}",
-                crate::redact::url(redis_url)
-            );
-            return 1;
-        }
+        Err(code) => return code,
     };
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&found.locks).expect("locks serialize")
-        );
-        for n in &found.notes {
-            eprintln!("playguard: {n}");
-        }
-    } else {
-        print!("{}", render(&found.locks));
-        for n in &found.notes {
-            println!("note: {n}");
-        }
-    }
+    let notes: Vec<&str> = found.notes.iter().map(String::as_str).collect();
+    super::print(&found.locks, || render(&found.locks), &notes, json);
     0
 }
 

@@ -6,6 +6,44 @@
 pub mod cycles;
 pub mod locks;
 
+/// Print what a command found: with `--json` one pretty JSON array on stdout and the notes on
+/// stderr (so stdout stays one JSON document), otherwise the table and its notes.
+pub fn print<T: serde::Serialize>(
+    rows: &T,
+    table: impl FnOnce() -> String,
+    notes: &[&str],
+    json: bool,
+) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(rows).expect("rows serialize")
+        );
+        for n in notes {
+            eprintln!("playguard: {n}");
+        }
+    } else {
+        print!("{}", table());
+        for n in notes {
+            println!("note: {n}");
+        }
+    }
+}
+
+/// A command's table: one row per item, or the `empty` line when there is none.
+pub fn render_rows<T>(
+    items: &[T],
+    empty: &str,
+    header: &[&str],
+    row: impl Fn(&T) -> Vec<String>,
+) -> String {
+    if items.is_empty() {
+        return format!("{empty}\n");
+    }
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    table(header, &rows)
+}
+
 /// Columns padded to their widest cell, two spaces apart; the last column is not padded.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
