@@ -12,7 +12,8 @@
 //!   loops, runs the one-way shutdown of `shutdown`).
 //! - One job: `fetch` (reliable or basic) → `payload` → `processor` → `handler` (the
 //!   registry) → `command_job` / `reconcile` → outcome via `retry` and `acker`.
-//! - Commands: `command` (the shepherd, process groups, output lines), `manifest` (jobs/*.toml).
+//! - Commands: `command` (process groups, output lines), `guardian` (the helper process that
+//!   starts, reaps and kills them), `manifest` (jobs/*.toml).
 //! - Locks and fences: `lock` (token lease), `fence_store` (where fences come from), `ledger`
 //!   and `db` / `db_tls` (PostgreSQL).
 //! - Liveness and recovery: `heartbeat` (Sidekiq's process keys), `liveness` (our lease),
@@ -34,6 +35,7 @@ pub mod enqueue;
 pub mod error_class;
 pub mod fence_store;
 pub mod fetch;
+pub mod guardian;
 pub mod handler;
 pub mod heartbeat;
 pub mod identity;
