@@ -5,11 +5,11 @@
 //! worker's guardian (`guardian.rs`), which also kills the group when the worker dies or, with
 //! a liveness lease, when its keepalives stop (a frozen worker cannot). Touches no Redis keys.
 
+use crate::guardian::{cloexec_pipe, Event};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use std::future::Future;
-use crate::guardian::{cloexec_pipe, Event};
 use std::ffi::{OsStr, OsString};
+use std::future::Future;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -79,7 +79,11 @@ fn nonblocking(fd: &OwnedFd) {
     // SAFETY: fcntl on a pipe fd we own.
     unsafe {
         let fl = nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_GETFL);
-        nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_SETFL, fl | nix::libc::O_NONBLOCK);
+        nix::libc::fcntl(
+            fd.as_raw_fd(),
+            nix::libc::F_SETFL,
+            fl | nix::libc::O_NONBLOCK,
+        );
     }
 }
 
@@ -159,7 +163,9 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let fds = vec![in_r, out_w, err_w];
     let Ok((handle, mut events)) = conn.spawn(OsStr::new(prog), spec.argv, &env, budget, fds)
     else {
-        return Exit::SpawnFailed(format!("cannot start {prog:?}: the command guardian exited"));
+        return Exit::SpawnFailed(format!(
+            "cannot start {prog:?}: the command guardian exited"
+        ));
     };
     let pid = match events.recv().await {
         Some(Event::Started(pid)) => pid,
@@ -180,7 +186,9 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}"));
         }
         Some(Event::Exited(_)) | None => {
-            return Exit::SpawnFailed(format!("cannot start {prog:?}: the command guardian exited"))
+            return Exit::SpawnFailed(format!(
+                "cannot start {prog:?}: the command guardian exited"
+            ))
         }
     };
     let pgid = Some(Pid::from_raw(pid));

@@ -220,14 +220,17 @@ fn start() -> std::io::Result<Arc<Conn>> {
         dead: AtomicBool::new(false),
     });
     let w = sock.clone();
-    let wc = conn.clone();
+    // Not the Conn itself: this thread ends when the last Conn (and so the sender) is gone.
+    let wc = Arc::downgrade(&conn);
     std::thread::Builder::new()
         .name("playguard-guardian-out".into())
         .spawn(move || {
             for (bytes, fds) in rx {
                 if send_frame(&w, &bytes, &fds).is_err() {
                     // The reader sees the same end as EOF and fails everything.
-                    wc.dead.store(true, Ordering::Release);
+                    if let Some(c) = wc.upgrade() {
+                        c.dead.store(true, Ordering::Release);
+                    }
                     let _ = w.shutdown(std::net::Shutdown::Both);
                     break;
                 }
@@ -296,7 +299,8 @@ fn read_replies(sock: &UnixStream, conn: &Conn, mut child: std::process::Child) 
                 b'x' => {
                     let Some(st) = b.i32() else { return };
                     if let Some(e) = t.entries.remove(&id) {
-                        let _ = e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
+                        let _ =
+                            e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
                     }
                 }
                 _ => {}
@@ -652,22 +656,23 @@ impl Guardian {
         };
         let path = resolve(&prog, &env)
             .ok_or_else(|| std::io::Error::from_raw_os_error(nix::libc::ENOENT))?;
-        let build = |exe: &OsStr, script: Option<&OsStr>| -> std::io::Result<std::process::Command> {
-            let mut cmd = std::process::Command::new(exe);
-            match script {
-                // As sh does for a file exec refuses (no #! line): run it as a script.
-                Some(s) => cmd.arg(s),
-                None => cmd.arg0(&prog),
+        let build =
+            |exe: &OsStr, script: Option<&OsStr>| -> std::io::Result<std::process::Command> {
+                let mut cmd = std::process::Command::new(exe);
+                match script {
+                    // As sh does for a file exec refuses (no #! line): run it as a script.
+                    Some(s) => cmd.arg(s),
+                    None => cmd.arg0(&prog),
+                };
+                cmd.args(argv.iter().skip(1))
+                    .env_clear()
+                    .envs(env.iter().copied())
+                    .stdin(Stdio::from(i.try_clone()?))
+                    .stdout(Stdio::from(o.try_clone()?))
+                    .stderr(Stdio::from(e.try_clone()?))
+                    .process_group(0);
+                Ok(cmd)
             };
-            cmd.args(argv.iter().skip(1))
-                .env_clear()
-                .envs(env.iter().copied())
-                .stdin(Stdio::from(i.try_clone()?))
-                .stdout(Stdio::from(o.try_clone()?))
-                .stderr(Stdio::from(e.try_clone()?))
-                .process_group(0);
-            Ok(cmd)
-        };
         let child = match build(&path, None)?.spawn() {
             Err(err) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
                 build(OsStr::new("/bin/sh"), Some(&path))?.spawn()?
@@ -757,7 +762,11 @@ fn resolve(prog: &OsStr, env: &[(&OsStr, &OsStr)]) -> Option<OsString> {
         .map(|(_, v)| v.as_bytes())
         .unwrap_or(b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     for dir in path.split(|b| *b == b':') {
-        let mut cand = if dir.is_empty() { b".".to_vec() } else { dir.to_vec() };
+        let mut cand = if dir.is_empty() {
+            b".".to_vec()
+        } else {
+            dir.to_vec()
+        };
         cand.push(b'/');
         cand.extend_from_slice(prog.as_bytes());
         let cand = OsString::from_vec(cand);
