@@ -777,3 +777,43 @@ fn resolve(prog: &OsStr, env: &[(&OsStr, &OsStr)]) -> Option<OsString> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_split_whole_frames_and_keep_the_rest() {
+        let a = Frame::new(b'K').u64(7).u64(12).done();
+        let b = Frame::new(b'e').u64(8).i32(2).bytes(b"no such file").done();
+        let mut buf = [a.clone(), b.clone()].concat();
+        buf.extend_from_slice(&a[..5]);
+        let mut got = Vec::new();
+        frames(&mut buf, |tag, mut body| {
+            got.push((tag, body.u64(), body.0.to_vec()));
+        })
+        .unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].0, got[0].1), (b'K', Some(7)));
+        let mut rest = Body(&got[1].2);
+        assert_eq!(rest.i32(), Some(2));
+        assert_eq!(rest.bytes(), Some(&b"no such file"[..]));
+        assert_eq!(buf, a[..5].to_vec(), "a partial frame waits for the rest");
+        assert!(frames(&mut vec![0, 0, 0, 0], |_, _| {}).is_err());
+    }
+
+    #[test]
+    fn programs_are_found_along_the_commands_path_as_sh_does() {
+        let path = (OsStr::new("PATH"), OsStr::new("/nonexistent:/bin"));
+        assert_eq!(resolve(OsStr::new("sh"), &[path]), Some("/bin/sh".into()));
+        assert_eq!(
+            resolve(OsStr::new("jobs/x"), &[path]),
+            Some("jobs/x".into())
+        );
+        assert_eq!(resolve(OsStr::new("no-such-program-here"), &[path]), None);
+        assert!(
+            resolve(OsStr::new("sh"), &[]).is_some(),
+            "sh's default PATH"
+        );
+    }
+}

@@ -25,8 +25,8 @@ pub fn alive_key(identity: &str) -> String {
 pub const FETCHERS_KEY: &str = "playguard:fetchers";
 
 /// How much earlier than the alive key we stop our jobs. Covers the guardian's countdown
-/// granularity (it fires 1 s to 2 s after our own deadline: the budget's rounding up and its
-/// + 1) plus the socket's latency and the kill itself, so a command is gone before the key can
+/// granularity (it fires 1 s to 2 s after our own deadline: the budget is rounded up, plus
+/// one), the socket's latency and the kill itself, so a command is gone before the key can
 /// expire.
 pub const LIVENESS_MARGIN: Duration = Duration::from_secs(4);
 
