@@ -267,6 +267,10 @@ pub fn main() -> i32 {
 
 /// Entry point for embedders: the full CLI, with Rust handlers already registered.
 pub fn main_with(registry: Registry) -> i32 {
+    // This executable also runs as the worker's command guardian: before anything else starts.
+    if let Some(code) = crate::guardian::main_if_requested() {
+        return code;
+    }
     let cli = Cli::parse();
     match cli.cmd {
         None => run(cli.run, registry),

@@ -1,7 +1,7 @@
 //! A plain manifest job: one command per run. Builds the PLAYGUARD_* environment that every
 //! command (plain or phase) receives. Touches no Redis keys.
 
-use crate::command::{self, Exit};
+use crate::child::{self, Exit};
 use crate::error_class;
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::retry::Failure;
@@ -67,16 +67,16 @@ pub async fn run_for(
     argv: &[String],
     inherit: Option<&[String]>,
     env: Vec<(String, String)>,
-    stop: impl std::future::Future<Output = command::Stop>,
+    stop: impl std::future::Future<Output = child::Stop>,
 ) -> Exit {
-    let spec = command::Spec {
+    let spec = child::Spec {
         argv,
         env,
         inherit,
         stdin: ctx.payload.to_string(),
         keepalive: Some(ctx.liveness.liveness.clone()),
     };
-    command::run(spec, stop).await
+    child::run(spec, stop).await
 }
 
 pub struct CommandJob {
@@ -108,9 +108,9 @@ impl Handler for CommandJob {
                 };
                 tokio::select! {
                     // Recovery elsewhere may start once the alive key lapses: no grace.
-                    _ = lease.lapse() => command::Stop::kill("liveness lease lapsed"),
-                    _ = shutdown.hard_deadline() => command::Stop::term("shutdown deadline reached"),
-                    _ = limit => command::Stop::term(format!(
+                    _ = lease.lapse() => child::Stop::kill("liveness lease lapsed"),
+                    _ = shutdown.hard_deadline() => child::Stop::term("shutdown deadline reached"),
+                    _ = limit => child::Stop::term(format!(
                         "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
             };

@@ -19,7 +19,7 @@
 //! What a phase runs is not: manifest command phases are in `reconcile.rs`, Rust phases are
 //! [`FnPhase`] or any [`Phase`].
 
-use crate::command;
+use crate::child;
 use crate::error_class;
 use crate::fence_store::{self, FenceSource, Held};
 use crate::handler::{BoxFuture, Handler, JobContext, Outcome};
@@ -461,7 +461,7 @@ async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
             let grace = if matches!(cause, StopCause::LeaseDeadline | StopCause::Liveness) {
                 Duration::from_millis(25)
             } else {
-                (command::KILL_GRACE + Duration::from_millis(100)).min(lease_left)
+                (child::KILL_GRACE + Duration::from_millis(100)).min(lease_left)
             };
             match tokio::time::timeout(grace, &mut task).await {
                 Ok(Ok(end)) => end,

@@ -24,7 +24,8 @@
 //!   the registry);
 //! - one job: `fetch` (the loop feeding free slots, `fetch/blockers`) → `processor` →
 //!   `handler` (the registry) → `command_job` / `reconcile` (manifest cycles) over `cycle`
-//!   (the phased-lock engine) and `command` (the shepherd, process groups, output lines) →
+//!   (the phased-lock engine) and `child` (one command's run: env, stdin, output lines,
+//!   stop) through `guardian` (the one process per worker that spawns and guards commands) →
 //!   `retry` (Sidekiq's failure rules) → settled through `fetch_strategy` (reliable or
 //!   basic: the unit of work's take, acknowledge, settle, requeue, drain), on a
 //!   `unit_of_work::UnitOfWork`;
@@ -51,7 +52,7 @@ pub mod redis_conn;
 pub mod retry;
 pub mod shutdown;
 
-mod command;
+mod child;
 mod command_job;
 mod cycle;
 mod db_tls;
@@ -59,6 +60,7 @@ mod enqueue;
 mod error_class;
 mod fetch;
 mod fetch_strategy;
+mod guardian;
 mod heartbeat;
 mod identity;
 mod job_metrics;

@@ -5,10 +5,10 @@
 //! at least until `t + ALIVE_TTL`), and a process that cannot refresh in time stops its running
 //! jobs (keeping them in its working list) and fetches nothing until a beat lands again.
 //!
-//! A frozen process (SIGSTOP, VM pause) cannot stop anything itself, so each command's shepherd
-//! gets a countdown from us on a keepalive pipe (see `command.rs`) and kills its own group when
-//! the countdown runs out: that budget is [`Liveness::shepherd_budget`], which never lets a
-//! command outlive the alive key. Touches no Redis keys itself.
+//! A frozen process (SIGSTOP, VM pause) cannot stop anything itself, so our command guardian
+//! (`guardian.rs`, a separate process) gets a countdown per command from us on its socket and
+//! kills that command's group when it runs out: that budget is [`Liveness::shepherd_budget`],
+//! which never lets a command outlive the alive key. Touches no Redis keys itself.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,9 +24,10 @@ pub fn alive_key(identity: &str) -> String {
 
 pub const FETCHERS_KEY: &str = "playguard:fetchers";
 
-/// How much earlier than the alive key we stop our jobs. Covers the shepherd's countdown
-/// granularity (it may fire up to 2 s after our own deadline: one tick of rounding, one of
-/// `sleep 1` drift) and the kill itself, so a command is gone before the key can expire.
+/// How much earlier than the alive key we stop our jobs. Covers the guardian's countdown
+/// granularity (it fires 1 s to 2 s after our own deadline: the budget is rounded up, plus
+/// one), the socket's latency and the kill itself, so a command is gone before the key can
+/// expire.
 pub const LIVENESS_MARGIN: Duration = Duration::from_secs(4);
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -149,11 +150,11 @@ impl Liveness {
         }
     }
 
-    /// Whole seconds a shepherd may let its command run without hearing from us again: the
-    /// countdown it kills at. `ceil(left) + 1` ticks of `sleep 1` take at least `left`, so the
-    /// shepherd never fires before our own deadline (we have stopped the job first when we are
-    /// running), and at most LIVENESS_MARGIN later. None: no lease to keep (disabled, or
-    /// before the first beat).
+    /// Whole seconds the guardian may let a command run without hearing from us again: the
+    /// countdown it kills at (timed from when it reads the count). `ceil(left) + 1` is more than
+    /// `left`, so the guardian never fires before our own deadline (we have stopped the job
+    /// first when we are running), and less than `left + 2` s, within LIVENESS_MARGIN. None: no
+    /// lease to keep (disabled, or before the first beat).
     pub fn shepherd_budget(&self) -> Option<u64> {
         self.tx.as_ref()?;
         let s = self.state();

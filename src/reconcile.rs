@@ -8,7 +8,7 @@
 //! The engine's types are re-exported here: `playguard::reconcile::Cycle` is the library's
 //! path for Rust-phased cycles (README, "Library").
 
-use crate::command::{Exit, Stop};
+use crate::child::{Exit, Stop};
 use crate::command_job::{exit_failure, job_env, run_for, LockEnv};
 use crate::cycle::stop_signal;
 pub use crate::cycle::{Cycle, FnPhase, LockConfig, Phase, PhaseContext, PhaseEnd, StopCause};

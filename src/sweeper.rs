@@ -58,7 +58,7 @@ fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
 /// their groups on PDEATHSIG, but that takes them a moment: until the last is gone, a command
 /// may still run, so the pid alone does not let us recover its job (or free its locks) yet.
 fn shepherds_left(pid: u32) -> bool {
-    let needle = crate::command::shepherd_name(pid);
+    let needle = crate::child::shepherd_name(pid);
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return true;
     };

@@ -1,0 +1,377 @@
+//! Runs one manifest command: argv (never a shell), the PLAYGUARD_* environment, the payload on
+//! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
+//! Every stdout/stderr line is logged in the caller's span (jid, class, phase): read as bytes
+//! (not UTF-8 is shown lossily), cut at MAX_LINE. The process is started and reaped by the
+//! worker's guardian (`guardian.rs`), which also kills the group when the worker dies or, with
+//! a liveness lease, when its keepalives stop (a frozen worker cannot). Touches no Redis keys.
+
+use crate::guardian::{cloexec_pipe, Event};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::ffi::{OsStr, OsString};
+use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+
+/// Time between TERM and KILL when a command's group is stopped.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How many stderr lines are kept as the failure's "backtrace".
+const STDERR_TAIL: usize = 20;
+/// Longest output line logged whole: the rest of a longer one is dropped, so a command that
+/// prints megabytes without a newline cannot grow our memory (or one log line) without bound.
+pub const MAX_LINE: usize = 16 * 1024;
+/// After the command's leader exited, how long its output may take to reach EOF. Only a
+/// process that left the group (`setsid`) can hold the pipes open longer; the job is over
+/// by then, and its slot must not wait for that process.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(1);
+
+pub struct Spec<'a> {
+    pub argv: &'a [String],
+    pub env: Vec<(String, String)>,
+    /// The worker's variables the command inherits: None = all of them (as a Procfile
+    /// process has), Some = only these names. `env` is set on top either way.
+    pub inherit: Option<&'a [String]>,
+    pub stdin: String,
+    /// The process's liveness lease: the guardian gets a keepalive countdown from it.
+    pub keepalive: Option<crate::liveness::Liveness>,
+}
+
+#[derive(Debug)]
+pub enum Exit {
+    Success,
+    /// Non-zero exit: message is the last non-empty stderr line.
+    Failed {
+        message: String,
+        stderr_tail: Vec<String>,
+    },
+    /// We stopped it (deadline, lost lease, shutdown); `why` names the reason.
+    Killed {
+        why: String,
+    },
+    /// It could not be started at all.
+    SpawnFailed(String),
+    /// The job's data cannot be handed to a command (a NUL byte, too large for exec): no retry
+    /// can help.
+    BadInput(String),
+}
+
+/// The guardian's argument for worker pid `worker` (in /proc/<pid>/cmdline; `sweeper.rs`).
+pub fn shepherd_name(worker: u32) -> String {
+    crate::guardian::shepherd_name(worker)
+}
+
+/// SIGKILLs a process group when dropped.
+struct GroupGuard(Option<Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pg) = self.0 {
+            let _ = killpg(pg, Signal::SIGKILL);
+        }
+    }
+}
+
+/// Our end of a pipe, non-blocking for the runtime (the command's end stays blocking: they are
+/// separate open files).
+fn nonblocking(fd: &OwnedFd) {
+    // SAFETY: fcntl on a pipe fd we own.
+    unsafe {
+        let fl = nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_GETFL);
+        nix::libc::fcntl(
+            fd.as_raw_fd(),
+            nix::libc::F_SETFL,
+            fl | nix::libc::O_NONBLOCK,
+        );
+    }
+}
+
+/// Why a running command is being stopped, and how long it may take to go after TERM.
+/// A zero grace means KILL at once (a lapsed lease leaves no time to be polite).
+pub struct Stop {
+    pub why: String,
+    pub grace: Duration,
+}
+
+impl Stop {
+    pub fn term(why: impl Into<String>) -> Stop {
+        Stop {
+            why: why.into(),
+            grace: KILL_GRACE,
+        }
+    }
+
+    pub fn kill(why: impl Into<String>) -> Stop {
+        Stop {
+            why: why.into(),
+            grace: Duration::ZERO,
+        }
+    }
+}
+
+/// Run the command until it exits or `stop` resolves (then its group gets TERM and, after the
+/// stop's grace, KILL).
+pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
+    let Some((prog, _)) = spec.argv.split_first() else {
+        return Exit::SpawnFailed("empty argv".into());
+    };
+    // An environment variable cannot hold a NUL (the C string would end there): say which.
+    if let Some((k, _)) = spec.env.iter().find(|(_, v)| v.contains('\0')) {
+        return Exit::BadInput(format!(
+            "{k} would hold a NUL byte, which an environment variable cannot carry"
+        ));
+    }
+    if spec.argv.iter().any(|a| a.contains('\0')) {
+        return Exit::SpawnFailed(format!(
+            "cannot start {prog:?}: nul byte found in provided data"
+        ));
+    }
+    // The worker's variables the command inherits, then ours on top, sorted by name as std
+    // passes them.
+    let mut env: std::collections::BTreeMap<OsString, OsString> = match spec.inherit {
+        Some(names) => names
+            .iter()
+            .filter_map(|n| std::env::var_os(n).map(|v| (OsString::from(n), v)))
+            .collect(),
+        None => std::env::vars_os().collect(),
+    };
+    for (k, v) in &spec.env {
+        env.insert(k.into(), v.into());
+    }
+    let env: Vec<(OsString, OsString)> = env.into_iter().collect();
+    let pipes = (|| Ok::<_, std::io::Error>((cloexec_pipe()?, cloexec_pipe()?, cloexec_pipe()?)))();
+    let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match pipes {
+        Ok(p) => p,
+        Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: pipes: {e}")),
+    };
+    for fd in [&in_w, &out_r, &err_r] {
+        nonblocking(fd);
+    }
+    // The command is started by our guardian (guardian.rs), in a process group of its own, so
+    // the whole group can be killed: by us when the command is stopped, by the guardian when
+    // we die (SIGKILL, OOM) or freeze (its countdown, `budget`, runs out without a keepalive).
+    // Otherwise a recovered job would run beside its orphan, or a phase (and its ssh) run on
+    // unleased. argv goes to exec as it is: no shell parsing.
+    let budget = spec.keepalive.as_ref().and_then(|l| l.shepherd_budget());
+    let conn = match crate::guardian::get() {
+        Ok(c) => c,
+        Err(e) => {
+            return Exit::SpawnFailed(format!("cannot start {prog:?}: no command guardian: {e}"))
+        }
+    };
+    let fds = vec![in_r, out_w, err_w];
+    let Ok((handle, mut events)) = conn.spawn(OsStr::new(prog), spec.argv, &env, budget, fds)
+    else {
+        return Exit::SpawnFailed(format!(
+            "cannot start {prog:?}: the command guardian exited"
+        ));
+    };
+    let pid = match events.recv().await {
+        Some(Event::Started(pid)) => pid,
+        Some(Event::NotStarted { errno, .. }) if errno == nix::libc::E2BIG => {
+            let e = std::io::Error::from_raw_os_error(errno);
+            let bytes: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+            return Exit::BadInput(format!(
+                "cannot start {prog:?}: the job's arguments are too large for exec \
+                 ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
+            ));
+        }
+        Some(Event::NotStarted { errno, message }) => {
+            let e = if errno > 0 {
+                std::io::Error::from_raw_os_error(errno).to_string()
+            } else {
+                message
+            };
+            return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}"));
+        }
+        Some(Event::Exited(_)) | None => {
+            return Exit::SpawnFailed(format!(
+                "cannot start {prog:?}: the command guardian exited"
+            ))
+        }
+    };
+    let pgid = Some(Pid::from_raw(pid));
+    // If this future is dropped mid-run (a job abandoned at the deadline), the whole group
+    // dies with it (`handle` kills it too, as a guardian that went does).
+    let _group = GroupGuard(pgid);
+    // Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how
+    // long this command may go on. Nothing is sent while the lease is lapsed, so the
+    // countdown runs out.
+    let keepalive = async {
+        match spec.keepalive.as_ref().filter(|_| budget.is_some()) {
+            Some(lv) => loop {
+                lv.changed().await;
+                if !lv.is_live() {
+                    continue;
+                }
+                if let Some(n) = lv.shepherd_budget() {
+                    handle.keepalive(n);
+                }
+            },
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(keepalive);
+    let writer = {
+        let input = spec.stdin.clone();
+        let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w);
+        // A command that never reads stdin must not block us: write from a task, ignore EPIPE.
+        stdin.ok().map(|mut stdin| {
+            tokio::spawn(async move {
+                let _ = stdin.write_all(input.as_bytes()).await;
+            })
+        })
+    };
+    let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)
+        .ok()
+        .map(|s| {
+            tokio::spawn(tracing::Instrument::in_current_span(read_lines(
+                s,
+                |line| {
+                    tracing::info!(stream = "stdout", "{line}");
+                },
+            )))
+        });
+    // Shared, not returned: a reader still blocked after the drain is aborted, and the lines it
+    // already read must still make the failure's message.
+    let tail: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut err = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)
+        .ok()
+        .map(|s| {
+            let tail = tail.clone();
+            tokio::spawn(tracing::Instrument::in_current_span(read_lines(
+                s,
+                move |line| {
+                    tracing::info!(stream = "stderr", "{line}");
+                    if !line.trim().is_empty() {
+                        let mut tail = tail.lock().unwrap();
+                        if tail.len() == STDERR_TAIL {
+                            tail.remove(0);
+                        }
+                        tail.push(line);
+                    }
+                },
+            )))
+        });
+
+    // The leader's exit as the guardian reaped it; None: the guardian went first.
+    async fn exited(
+        events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
+    ) -> Option<std::process::ExitStatus> {
+        loop {
+            match events.recv().await? {
+                Event::Exited(st) => return Some(st),
+                _ => continue,
+            }
+        }
+    }
+    let mut killed: Option<String> = None;
+    tokio::pin!(stop);
+    let status = tokio::select! {
+        st = exited(&mut events) => st,
+        _ = &mut keepalive => None,
+        st = &mut stop => {
+            killed = Some(st.why);
+            if let Some(pg) = pgid {
+                let first = if st.grace.is_zero() { Signal::SIGKILL } else { Signal::SIGTERM };
+                let _ = killpg(pg, first);
+            }
+            let graceful = async {
+                tokio::select! {
+                    st = exited(&mut events) => st,
+                    _ = &mut keepalive => None,
+                }
+            };
+            match tokio::time::timeout(st.grace, graceful).await {
+                Ok(st) => st,
+                Err(_) => {
+                    if let Some(pg) = pgid {
+                        let _ = killpg(pg, Signal::SIGKILL);
+                    }
+                    exited(&mut events).await
+                }
+            }
+        }
+    };
+    // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
+    // The guardian did so as it reaped the leader; this covers a guardian that went first.
+    drop(_group);
+    let drained = tokio::time::timeout(OUTPUT_DRAIN, async {
+        for h in [out.as_mut(), err.as_mut()].into_iter().flatten() {
+            let _ = h.await;
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(
+            "the command exited, but a process it started outside its group still holds its output open; no longer reading it"
+        );
+    }
+    for h in [out, err, writer].into_iter().flatten() {
+        h.abort();
+    }
+    let tail = std::mem::take(&mut *tail.lock().unwrap());
+    if let Some(why) = killed {
+        return Exit::Killed { why };
+    }
+    match status {
+        Some(st) if st.success() => Exit::Success,
+        Some(st) => {
+            let message = tail
+                .last()
+                .cloned()
+                .unwrap_or_else(|| format!("{prog} exited with {st}"));
+            Exit::Failed {
+                message,
+                stderr_tail: tail,
+            }
+        }
+        None => Exit::SpawnFailed(format!(
+            "{prog:?} lost its command guardian while it ran (its process group was killed)"
+        )),
+    }
+}
+
+/// Hand every line of `r` to `each`, as text (bytes that are not UTF-8 become U+FFFD), a line
+/// longer than MAX_LINE cut there. A read error ends it like EOF.
+async fn read_lines<R: AsyncRead + Unpin>(r: R, mut each: impl FnMut(String)) {
+    let mut r = BufReader::new(r);
+    let mut line: Vec<u8> = Vec::new();
+    // Past MAX_LINE of the current line: drop bytes until its newline.
+    let mut cut = false;
+    loop {
+        let buf = match r.fill_buf().await {
+            Ok([]) | Err(_) => break,
+            Ok(b) => b,
+        };
+        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        let used = chunk.len() + usize::from(newline);
+        if !cut {
+            let room = MAX_LINE - line.len();
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            if chunk.len() > room {
+                cut = true;
+                let mut text = String::from_utf8_lossy(&line).into_owned();
+                text.push_str(&format!(" [line cut at {MAX_LINE} bytes]"));
+                each(text);
+                line.clear();
+            }
+        }
+        r.consume(used);
+        if newline {
+            if !cut {
+                let end = line.len() - usize::from(line.last() == Some(&b'\r'));
+                each(String::from_utf8_lossy(&line[..end]).into_owned());
+            }
+            line.clear();
+            cut = false;
+        }
+    }
+    if !line.is_empty() && !cut {
+        each(String::from_utf8_lossy(&line).into_owned());
+    }
+}
