@@ -6,6 +6,7 @@ require 'sidekiq'
 require 'sidekiq/api'
 require 'json'
 require 'redis'
+require 'tmpdir'
 
 URL = ENV.fetch('REDIS_URL')
 N = Integer(ENV.fetch('BENCH_JOBS', '100000'))
@@ -39,8 +40,10 @@ end
 def ruby(log) = [{ 'BENCH_RUBY_LOG' => log == :quiet ? 'error' : 'info' },
                  'sidekiq', '-r', File.join(HERE, 'ruby_jobs.rb'), '-c', RUBY_CONC.to_s, '-q', 'bench', '-e', 'production']
 def rusty(log) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' }, RUSTY, URL, 'bench', RUSTY_CONC.to_s]
+# No manifest: the shipped jobs/ needs PostgreSQL, and the no-op job is a Rust handler.
+NO_JOBS = Dir.mktmpdir('playguard-no-jobs')
 def pg(log, fetch) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' },
-                      BIN, 'run', '-r', URL, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', fetch]
+                      BIN, 'run', '-r', URL, '-j', NO_JOBS, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', fetch]
 
 KINDS = {
   'ruby-quiet' => ["Ruby Sidekiq 6.4.1 -c #{RUBY_CONC}, logger ERROR", ruby(:quiet)],

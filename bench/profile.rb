@@ -2,6 +2,7 @@
 # instructions per job, Redis commands per job and the top functions by inclusive cost.
 require 'sidekiq'
 require 'redis'
+require 'tmpdir'
 
 URL = ENV.fetch('REDIS_URL')
 N = Integer(ENV.fetch('JOBS', '20000'))
@@ -49,7 +50,7 @@ env = { 'REDIS_URL' => URL, 'RUST_LOG' => ENV.fetch('PG_LOG', 'info') }
 cmd = if ENV['RUSTY_BIN']
         [ENV['RUSTY_BIN'], URL, 'bench', CONC.to_s]
       else
-        [BIN, 'run', '-r', URL, '-q', 'bench', '-c', CONC.to_s, '--fetch', FETCH]
+        [BIN, 'run', '-r', URL, '-j', Dir.mktmpdir('playguard-no-jobs'), '-q', 'bench', '-c', CONC.to_s, '--fetch', FETCH]
       end
 pid = Process.spawn(env, 'valgrind', '--tool=callgrind', "--callgrind-out-file=#{OUT}/callgrind.out.%p",
                     *cmd, out: log, err: [:child, :out], pgroup: true)

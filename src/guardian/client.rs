@@ -1,0 +1,298 @@
+//! The worker's side of the guardian: starting it, sending spawn requests and keepalives,
+//! reading what it reports about each command, and killing what it started if it dies.
+//! Touches no Redis keys.
+
+use super::frame::{frames, Frame};
+use super::shepherd_name;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr};
+use nix::unistd::Pid;
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+/// What the guardian says about one command.
+#[derive(Debug)]
+pub(crate) enum Event {
+    Started(i32),
+    NotStarted { errno: i32, message: String },
+    Exited(std::process::ExitStatus),
+}
+
+struct Entry {
+    tx: tokio::sync::mpsc::UnboundedSender<Event>,
+    pid: Option<i32>,
+    /// Its `run` future is gone: kill the group as soon as its pid is known.
+    abandoned: bool,
+}
+
+struct Table {
+    dead: bool,
+    entries: HashMap<u64, Entry>,
+}
+
+/// One running guardian, seen from the worker.
+pub(crate) struct Conn {
+    out: Mutex<mpsc::Sender<(Vec<u8>, Vec<OwnedFd>)>>,
+    table: Mutex<Table>,
+    next: AtomicU64,
+    dead: AtomicBool,
+}
+
+static CURRENT: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
+
+/// The live guardian, started if there is none (or the last one died).
+pub(crate) fn get() -> std::io::Result<Arc<Conn>> {
+    let mut cur = CURRENT.lock().unwrap();
+    if let Some(c) = cur.as_ref() {
+        if !c.dead.load(Ordering::Acquire) {
+            return Ok(c.clone());
+        }
+    }
+    let c = start()?;
+    *cur = Some(c.clone());
+    Ok(c)
+}
+
+/// The executable to run again: our own path while it still names our binary, else the
+/// kernel's handle on it (a deploy may have replaced the file meanwhile).
+fn own_exe() -> std::path::PathBuf {
+    match std::fs::read_link("/proc/self/exe") {
+        Ok(p) if !p.as_os_str().as_bytes().ends_with(b" (deleted)") && p.exists() => p,
+        _ => "/proc/self/exe".into(),
+    }
+}
+
+fn start() -> std::io::Result<Arc<Conn>> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    // No pre_exec: std spawns with posix_spawn. The guardian leads a process group of its own
+    // so a signal to the worker's group (a terminal's ^C, a supervisor's killpg) leaves it to
+    // clean up after the worker; it sets its own PDEATHSIG.
+    let child = std::process::Command::new(own_exe())
+        .arg(shepherd_name(std::process::id()))
+        .stdin(Stdio::from(theirs))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()?;
+    let sock = Arc::new(UnixStream::from(ours));
+    let (tx, rx) = mpsc::channel::<(Vec<u8>, Vec<OwnedFd>)>();
+    let conn = Arc::new(Conn {
+        out: Mutex::new(tx),
+        table: Mutex::new(Table {
+            dead: false,
+            entries: HashMap::new(),
+        }),
+        next: AtomicU64::new(1),
+        dead: AtomicBool::new(false),
+    });
+    let w = sock.clone();
+    // Not the Conn itself: this thread ends when the last Conn (and so the sender) is gone.
+    let wc = Arc::downgrade(&conn);
+    std::thread::Builder::new()
+        .name("playguard-guardian-out".into())
+        .spawn(move || {
+            for (bytes, fds) in rx {
+                if send_frame(&w, &bytes, &fds).is_err() {
+                    // The reader sees the same end as EOF and fails everything.
+                    if let Some(c) = wc.upgrade() {
+                        c.dead.store(true, Ordering::Release);
+                    }
+                    let _ = w.shutdown(std::net::Shutdown::Both);
+                    break;
+                }
+            }
+        })?;
+    let rc = conn.clone();
+    std::thread::Builder::new()
+        .name("playguard-guardian-in".into())
+        .spawn(move || read_replies(&sock, &rc, child))?;
+    Ok(conn)
+}
+
+fn send_frame(sock: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let cmsg = [ControlMessage::ScmRights(&raw)];
+    let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+    let sent = loop {
+        match nix::sys::socket::sendmsg::<UnixAddr>(
+            sock.as_raw_fd(),
+            &[IoSlice::new(bytes)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        ) {
+            Ok(n) => break n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    };
+    // The fds went with the first byte; the rest is plain stream.
+    let mut w: &UnixStream = sock;
+    w.write_all(&bytes[sent..])
+}
+
+fn read_replies(sock: &UnixStream, conn: &Conn, mut child: std::process::Child) {
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut r: &UnixStream = sock;
+    loop {
+        let n = match r.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+        let ok = frames(&mut buf, |tag, mut b| {
+            let Some(id) = b.u64() else { return };
+            let mut t = conn.table.lock().unwrap();
+            match tag {
+                b's' => {
+                    let Some(pid) = b.i32() else { return };
+                    if let Some(e) = t.entries.get_mut(&id) {
+                        e.pid = Some(pid);
+                        if e.abandoned {
+                            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                        }
+                        let _ = e.tx.send(Event::Started(pid));
+                    }
+                }
+                b'e' => {
+                    let errno = b.i32().unwrap_or(-1);
+                    let message = String::from_utf8_lossy(b.bytes().unwrap_or_default()).into();
+                    if let Some(e) = t.entries.remove(&id) {
+                        let _ = e.tx.send(Event::NotStarted { errno, message });
+                    }
+                }
+                b'x' => {
+                    let Some(st) = b.i32() else { return };
+                    if let Some(e) = t.entries.remove(&id) {
+                        let _ =
+                            e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
+                    }
+                }
+                _ => {}
+            }
+        });
+        if ok.is_err() {
+            break;
+        }
+    }
+    // The guardian is gone (or speaks nonsense): nobody watches these commands any more, so
+    // they die now, and their `run`s see the channel close (a spawn failure).
+    conn.dead.store(true, Ordering::Release);
+    let entries = {
+        let mut t = conn.table.lock().unwrap();
+        t.dead = true;
+        std::mem::take(&mut t.entries)
+    };
+    for e in entries.values() {
+        if let Some(pid) = e.pid {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+    drop(entries);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// One command's registration with the guardian. Dropping it (its `run` was abandoned, or is
+/// done) kills the group if it may still run.
+pub(crate) struct Handle {
+    conn: Arc<Conn>,
+    id: u64,
+}
+
+impl Conn {
+    /// Register a command and send its spawn request. Err: this guardian is already gone.
+    pub(crate) fn spawn(
+        self: &Arc<Conn>,
+        prog: &OsStr,
+        argv: &[String],
+        env: &[(OsString, OsString)],
+        budget: Option<u64>,
+        fds: Vec<OwnedFd>,
+    ) -> Result<(Handle, tokio::sync::mpsc::UnboundedReceiver<Event>), ()> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        {
+            let mut t = self.table.lock().unwrap();
+            if t.dead {
+                return Err(());
+            }
+            t.entries.insert(
+                id,
+                Entry {
+                    tx,
+                    pid: None,
+                    abandoned: false,
+                },
+            );
+        }
+        let handle = Handle {
+            conn: self.clone(),
+            id,
+        };
+        let mut f = Frame::new(b'S')
+            .u64(id)
+            .u64(budget.unwrap_or(0))
+            .bytes(prog.as_bytes())
+            .u64(argv.len() as u64);
+        for a in argv {
+            f = f.bytes(a.as_bytes());
+        }
+        f = f.u64(env.len() as u64);
+        for (k, v) in env {
+            f = f.bytes(k.as_bytes()).bytes(v.as_bytes());
+        }
+        if self.out.lock().unwrap().send((f.done(), fds)).is_err() {
+            return Err(());
+        }
+        Ok((handle, rx))
+    }
+}
+
+impl Handle {
+    /// Tell the guardian this command may run `budget` more seconds without hearing again.
+    pub(crate) fn keepalive(&self, budget: u64) {
+        let f = Frame::new(b'K').u64(self.id).u64(budget).done();
+        let _ = self.conn.out.lock().unwrap().send((f, Vec::new()));
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut t = self.conn.table.lock().unwrap();
+        if let Some(e) = t.entries.get_mut(&self.id) {
+            match e.pid {
+                Some(pid) => {
+                    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                }
+                None => e.abandoned = true,
+            }
+        }
+    }
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub(crate) fn cloexec_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as nix::libc::c_int; 2];
+    // SAFETY: pipe2 fills both fds on success; we own them from here on.
+    if unsafe { nix::libc::pipe2(fds.as_mut_ptr(), nix::libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}

@@ -1,0 +1,395 @@
+//! The guardian process itself: a single-threaded loop over its socket and a signalfd that
+//! spawns commands (`posix_spawn`, each in its own process group), reaps them, runs their
+//! keepalive countdowns and kills every group when the worker goes. Touches no Redis keys.
+
+use super::frame::{frames, Body, Frame};
+use super::EXIT_WAIT;
+
+use nix::sys::signal::{killpg, SigSet, Signal};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, UnixAddr};
+use nix::unistd::Pid;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::io::{IoSliceMut, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+struct Group {
+    id: u64,
+    /// With a watchdog: when the countdown runs out.
+    deadline: Option<Instant>,
+    watched: bool,
+}
+
+struct Guardian {
+    sock: OwnedFd,
+    /// By leader pid (= process group id).
+    groups: HashMap<i32, Group>,
+    ids: HashMap<u64, i32>,
+    fds: VecDeque<OwnedFd>,
+    out: Vec<u8>,
+}
+
+pub(super) fn guard(worker: i32) -> i32 {
+    // Signals arrive through a signalfd. Blocked (not ignored) ones are not inherited as
+    // ignored: std resets the mask of every process it spawns.
+    let mut mask = SigSet::empty();
+    for s in [
+        Signal::SIGCHLD,
+        Signal::SIGUSR2,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ] {
+        mask.add(s);
+    }
+    if mask.thread_block().is_err() {
+        return 1;
+    }
+    let Ok(sigfd) = nix::sys::signalfd::SignalFd::with_flags(
+        &mask,
+        nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    ) else {
+        return 1;
+    };
+    // SAFETY: prctl/getppid/fcntl/open/dup2 on our own process and fds.
+    unsafe {
+        // The worker dying sends SIGUSR2 (also when only the thread that spawned us exits:
+        // hence the getppid check when it comes). Our orphaned descendants are reparented to
+        // us, so we can reap them and tell when a killed group is really empty.
+        nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGUSR2, 0, 0, 0);
+        nix::libc::prctl(nix::libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+        if nix::libc::getppid() != worker {
+            return 0;
+        }
+    }
+    // The socket came as stdin: move it to a close-on-exec fd and put /dev/null on 0.
+    // SAFETY: fcntl on fd 0, which we own.
+    let sock = unsafe {
+        let fd = nix::libc::fcntl(0, nix::libc::F_DUPFD_CLOEXEC, 3);
+        if fd < 0 {
+            return 1;
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        // SAFETY: dup2 onto fd 0.
+        unsafe { nix::libc::dup2(null.as_raw_fd(), 0) };
+    }
+    let mut g = Guardian {
+        sock,
+        groups: HashMap::new(),
+        ids: HashMap::new(),
+        fds: VecDeque::new(),
+        out: Vec::new(),
+    };
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let timeout = g
+            .groups
+            .values()
+            .filter_map(|gr| gr.deadline)
+            .min()
+            .map(|d| {
+                let left = d.saturating_duration_since(Instant::now());
+                // Round up: waking a millisecond early would only loop.
+                (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+            })
+            .unwrap_or(-1);
+        let mut pfds = [
+            nix::libc::pollfd {
+                fd: g.sock.as_raw_fd(),
+                events: nix::libc::POLLIN,
+                revents: 0,
+            },
+            nix::libc::pollfd {
+                fd: sigfd.as_raw_fd(),
+                events: nix::libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: poll on two valid pollfds.
+        let n = unsafe { nix::libc::poll(pfds.as_mut_ptr(), 2, timeout) };
+        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break;
+        }
+        if pfds[1].revents != 0 {
+            let mut worker_gone = false;
+            while let Ok(Some(si)) = sigfd.read_signal() {
+                if si.ssi_signo == Signal::SIGUSR2 as u32 {
+                    // SAFETY: getppid cannot fail.
+                    worker_gone |= unsafe { nix::libc::getppid() } != worker;
+                }
+                // SIGCHLD: reaped below either way. TERM/INT/HUP/QUIT: we guard until the
+                // worker is gone, whoever asks.
+            }
+            g.reap();
+            if worker_gone {
+                break;
+            }
+        }
+        if pfds[0].revents != 0 {
+            match g.receive(&mut chunk) {
+                Ok(Some(0)) | Err(_) => break,
+                Ok(Some(n)) => buf.extend_from_slice(&chunk[..n]),
+                Ok(None) => {}
+            }
+            let mut reqs = Vec::new();
+            let ok = frames(&mut buf, |tag, b| reqs.push((tag, b.0.to_vec())));
+            for (tag, body) in reqs {
+                g.handle(tag, Body(&body));
+            }
+            if ok.is_err() {
+                break;
+            }
+        }
+        g.expire();
+        if g.flush().is_err() {
+            break;
+        }
+    }
+    g.shutdown();
+    0
+}
+
+impl Guardian {
+    /// Read what the worker sent (Some(0): EOF, None: nothing after all), keeping its fds.
+    fn receive(&mut self, chunk: &mut [u8]) -> nix::Result<Option<usize>> {
+        let mut space = nix::cmsg_space!([RawFd; 64]);
+        let mut iov = [IoSliceMut::new(chunk)];
+        let msg = loop {
+            match nix::sys::socket::recvmsg::<UnixAddr>(
+                self.sock.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC | MsgFlags::MSG_DONTWAIT,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+                r => break r?,
+            }
+        };
+        let n = msg.bytes;
+        for c in msg.cmsgs()? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                // SAFETY: the kernel just installed these fds in our table.
+                self.fds
+                    .extend(fds.into_iter().map(|f| unsafe { OwnedFd::from_raw_fd(f) }));
+            }
+        }
+        Ok(Some(n))
+    }
+
+    fn handle(&mut self, tag: u8, mut b: Body<'_>) {
+        match tag {
+            b'S' => {
+                // The fds came with this frame's first byte, so they are first in line.
+                let fds: Vec<OwnedFd> = (0..3).filter_map(|_| self.fds.pop_front()).collect();
+                let Some(id) = b.u64() else { return };
+                let reply = match self.spawn(&mut b, fds) {
+                    Ok((pid, budget)) => {
+                        self.groups.insert(
+                            pid,
+                            Group {
+                                id,
+                                deadline: budget.map(|s| Instant::now() + Duration::from_secs(s)),
+                                watched: budget.is_some(),
+                            },
+                        );
+                        self.ids.insert(id, pid);
+                        Frame::new(b's').u64(id).i32(pid).done()
+                    }
+                    Err(e) => Frame::new(b'e')
+                        .u64(id)
+                        .i32(e.raw_os_error().unwrap_or(-1))
+                        .bytes(e.to_string().as_bytes())
+                        .done(),
+                };
+                self.out.extend_from_slice(&reply);
+            }
+            b'K' => {
+                let (Some(id), Some(budget)) = (b.u64(), b.u64()) else {
+                    return;
+                };
+                if let Some(gr) = self.ids.get(&id).and_then(|p| self.groups.get_mut(p)) {
+                    if gr.watched {
+                        gr.deadline = Some(Instant::now() + Duration::from_secs(budget));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn spawn(
+        &mut self,
+        b: &mut Body<'_>,
+        fds: Vec<OwnedFd>,
+    ) -> std::io::Result<(i32, Option<u64>)> {
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad spawn request");
+        let budget = b.u64().ok_or_else(bad)?;
+        let prog = OsStr::from_bytes(b.bytes().ok_or_else(bad)?).to_os_string();
+        let argc = b.u64().ok_or_else(bad)?;
+        let mut argv = Vec::new();
+        for _ in 0..argc {
+            argv.push(OsStr::from_bytes(b.bytes().ok_or_else(bad)?).to_os_string());
+        }
+        let envc = b.u64().ok_or_else(bad)?;
+        let mut env = Vec::new();
+        for _ in 0..envc {
+            let k = OsStr::from_bytes(b.bytes().ok_or_else(bad)?);
+            let v = OsStr::from_bytes(b.bytes().ok_or_else(bad)?);
+            env.push((k, v));
+        }
+        let mut fds = fds.into_iter();
+        let (Some(i), Some(o), Some(e)) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(bad());
+        };
+        let path = resolve(&prog, &env)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(nix::libc::ENOENT))?;
+        let build =
+            |exe: &OsStr, script: Option<&OsStr>| -> std::io::Result<std::process::Command> {
+                let mut cmd = std::process::Command::new(exe);
+                match script {
+                    // As sh does for a file exec refuses (no #! line): run it as a script.
+                    Some(s) => cmd.arg(s),
+                    None => cmd.arg0(&prog),
+                };
+                cmd.args(argv.iter().skip(1))
+                    .env_clear()
+                    .envs(env.iter().copied())
+                    .stdin(Stdio::from(i.try_clone()?))
+                    .stdout(Stdio::from(o.try_clone()?))
+                    .stderr(Stdio::from(e.try_clone()?))
+                    .process_group(0);
+                Ok(cmd)
+            };
+        let child = match build(&path, None)?.spawn() {
+            Err(err) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
+                build(OsStr::new("/bin/sh"), Some(&path))?.spawn()?
+            }
+            r => r?,
+        };
+        Ok((child.id() as i32, (budget > 0).then_some(budget)))
+    }
+
+    /// Reap every child that exited; report our commands' leaders (and kill what is left of
+    /// their groups).
+    fn reap(&mut self) {
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid status pointer.
+            let pid = unsafe { nix::libc::waitpid(-1, &mut status, nix::libc::WNOHANG) };
+            if pid <= 0 {
+                break;
+            }
+            if let Some(gr) = self.groups.remove(&pid) {
+                let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                self.ids.remove(&gr.id);
+                self.out
+                    .extend_from_slice(&Frame::new(b'x').u64(gr.id).i32(status).done());
+            }
+        }
+    }
+
+    /// SIGKILL the groups whose countdown ran out: the worker stopped granting time.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        for (pid, gr) in self.groups.iter_mut() {
+            if gr.deadline.is_some_and(|d| d <= now) {
+                let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
+                gr.deadline = None;
+            }
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let mut w = std::fs::File::from(self.sock.try_clone()?);
+        let r = w.write_all(&self.out);
+        self.out.clear();
+        r
+    }
+
+    /// The worker is gone: kill every group, wait until they are empty, then exit.
+    fn shutdown(&mut self) {
+        for pid in self.groups.keys() {
+            let _ = killpg(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        let pgids: Vec<i32> = self.groups.keys().copied().collect();
+        let until = Instant::now() + EXIT_WAIT;
+        loop {
+            self.reap();
+            let left = pgids.iter().any(|p| {
+                !matches!(
+                    nix::sys::signal::kill(Pid::from_raw(-p), None),
+                    Err(nix::errno::Errno::ESRCH)
+                )
+            });
+            if !left || Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// The program's path, found as sh finds it: a name with a slash as it is, else the first
+/// executable file along the command's PATH (sh's default PATH when it has none). Never a
+/// bare name, so std never looks it up along our own PATH (nor forks to do so).
+fn resolve(prog: &OsStr, env: &[(&OsStr, &OsStr)]) -> Option<OsString> {
+    if prog.as_bytes().contains(&b'/') {
+        return Some(prog.to_os_string());
+    }
+    if prog.is_empty() {
+        return None;
+    }
+    let path = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k.as_bytes() == b"PATH")
+        .map(|(_, v)| v.as_bytes())
+        .unwrap_or(b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    for dir in path.split(|b| *b == b':') {
+        let mut cand = if dir.is_empty() {
+            b".".to_vec()
+        } else {
+            dir.to_vec()
+        };
+        cand.push(b'/');
+        cand.extend_from_slice(prog.as_bytes());
+        let cand = OsString::from_vec(cand);
+        let p = std::path::Path::new(&cand);
+        if p.is_file() && nix::unistd::access(p, nix::unistd::AccessFlags::X_OK).is_ok() {
+            return Some(cand);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_along_the_commands_path_as_sh_does() {
+        let path = (OsStr::new("PATH"), OsStr::new("/nonexistent:/bin"));
+        assert_eq!(resolve(OsStr::new("sh"), &[path]), Some("/bin/sh".into()));
+        assert_eq!(
+            resolve(OsStr::new("jobs/x"), &[path]),
+            Some("jobs/x".into())
+        );
+        assert_eq!(resolve(OsStr::new("no-such-program-here"), &[path]), None);
+        assert!(
+            resolve(OsStr::new("sh"), &[]).is_some(),
+            "sh's default PATH"
+        );
+    }
+}
