@@ -163,10 +163,7 @@ impl JobMetrics {
 
 /// The class a run is counted under: `wrapped || class`, as the metrics middleware does.
 pub fn class_of(job: &crate::payload::Job) -> &str {
-    job.msg
-        .get("wrapped")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or_else(|| job.class())
+    job.wrapped().unwrap_or_else(|| job.class())
 }
 
 /// 7.3: `j|20250204|8:3`.

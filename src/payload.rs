@@ -21,36 +21,135 @@ pub enum PayloadError {
 }
 
 /// One job as fetched from `queue:<queue>`.
+///
+/// Only the fields the job's run needs are parsed up front (`Head`); the whole object, with
+/// every key in order, is parsed the first time `msg` is asked for, which only a failure
+/// (Sidekiq's retry bookkeeping) does. A finished job never builds it.
 #[derive(Debug, Clone)]
 pub struct Job {
     /// The exact string popped from Redis; pushed back unchanged on requeue.
     pub raw: String,
     /// The queue it was popped from (Sidekiq uses this, not the payload's `queue`, for retries).
     pub queue: String,
-    pub msg: Map<String, Value>,
+    head: Head,
+    msg: std::sync::OnceLock<Map<String, Value>>,
+}
+
+/// The top-level fields a run reads, each as the JSON value the payload holds.
+#[derive(Debug, Clone, Default)]
+struct Head {
+    class: Option<Value>,
+    args: Option<Value>,
+    jid: Option<Value>,
+    wrapped: Option<Value>,
+    display_class: Option<Value>,
+    retry_count: Option<Value>,
+    created_at: Option<Value>,
+}
+
+/// The same fields, borrowed from the payload. Every other key is skipped (checked as JSON,
+/// never built). A field given twice fails this parse; the full parse then decides (its rule:
+/// the last one wins), so the answer never differs from parsing the whole object.
+#[derive(serde::Deserialize)]
+struct HeadRef<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    class: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    args: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    jid: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    wrapped: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    display_class: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    retry_count: Option<&'a serde_json::value::RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    created_at: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A key that is there, even as `null`, is Some (as `Map::get` sees it).
+fn present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
+    serde::Deserialize::deserialize(d).map(Some)
+}
+
+impl Head {
+    fn from_ref(h: HeadRef<'_>) -> Result<Head, serde_json::Error> {
+        let v =
+            |r: Option<&serde_json::value::RawValue>| -> Result<Option<Value>, serde_json::Error> {
+                r.map(|r| serde_json::from_str(r.get())).transpose()
+            };
+        Ok(Head {
+            class: v(h.class)?,
+            args: v(h.args)?,
+            jid: v(h.jid)?,
+            wrapped: v(h.wrapped)?,
+            display_class: v(h.display_class)?,
+            retry_count: v(h.retry_count)?,
+            created_at: v(h.created_at)?,
+        })
+    }
+
+    fn from_map(m: &Map<String, Value>) -> Head {
+        let v = |k: &str| m.get(k).cloned();
+        Head {
+            class: v("class"),
+            args: v("args"),
+            jid: v("jid"),
+            wrapped: v("wrapped"),
+            display_class: v("display_class"),
+            retry_count: v("retry_count"),
+            created_at: v("created_at"),
+        }
+    }
 }
 
 impl Job {
     pub fn parse(queue: &str, raw: String) -> Result<Job, PayloadError> {
-        match serde_json::from_str::<Value>(&raw)? {
-            Value::Object(msg) => Ok(Job {
-                raw,
-                queue: queue.to_string(),
-                msg,
-            }),
-            _ => Err(PayloadError::NotObject),
-        }
+        let msg = std::sync::OnceLock::new();
+        // serde would also read a struct from a JSON array, by position: objects only.
+        let object = raw.trim_start().starts_with('{');
+        let head = match object.then(|| serde_json::from_str::<HeadRef>(&raw).map(Head::from_ref)) {
+            Some(Ok(Ok(h))) => h,
+            // Not an object, not JSON, a key given twice: the full parse says which.
+            _ => match serde_json::from_str::<Value>(&raw)? {
+                Value::Object(m) => {
+                    let h = Head::from_map(&m);
+                    let _ = msg.set(m);
+                    h
+                }
+                _ => return Err(PayloadError::NotObject),
+            },
+        };
+        Ok(Job {
+            raw,
+            queue: queue.to_string(),
+            head,
+            msg,
+        })
+    }
+
+    /// The whole payload object (keys in order, numbers as spelled), parsed on first use.
+    pub fn msg(&self) -> &Map<String, Value> {
+        self.msg
+            .get_or_init(|| match serde_json::from_str(&self.raw) {
+                Ok(Value::Object(m)) => m,
+                // Parsed as an object once already (`parse`): cannot happen.
+                _ => Map::new(),
+            })
     }
 
     /// Whether this is a job at all: `class` a non-empty string, `args` (when present) an
     /// array, as Sidekiq's client insists. The reason otherwise.
     pub fn check(&self) -> Result<(), String> {
-        match self.msg.get("class") {
+        match &self.head.class {
             Some(Value::String(c)) if !c.is_empty() => {}
             None => return Err("the payload has no class".into()),
             Some(v) => return Err(format!("class is {v}, not a class name")),
         }
-        match self.msg.get("args") {
+        match &self.head.args {
             None | Some(Value::Array(_)) => Ok(()),
             Some(v) => Err(format!(
                 "args is {}, not an array",
@@ -65,17 +164,26 @@ impl Job {
         }
     }
 
+    fn head_str(v: &Option<Value>) -> Option<&str> {
+        v.as_ref().and_then(Value::as_str)
+    }
+
     pub fn jid(&self) -> &str {
-        self.msg.get("jid").and_then(Value::as_str).unwrap_or("")
+        Self::head_str(&self.head.jid).unwrap_or("")
     }
 
     /// The `class` field as enqueued (the wrapper for ActiveJob).
     pub fn class(&self) -> &str {
-        self.msg.get("class").and_then(Value::as_str).unwrap_or("")
+        Self::head_str(&self.head.class).unwrap_or("")
+    }
+
+    /// `wrapped`: the job class Rails' adapter names for a wrapper payload.
+    pub fn wrapped(&self) -> Option<&str> {
+        Self::head_str(&self.head.wrapped)
     }
 
     pub fn args(&self) -> Vec<Value> {
-        match self.msg.get("args") {
+        match &self.head.args {
             Some(Value::Array(a)) => a.clone(),
             _ => Vec::new(),
         }
@@ -85,7 +193,7 @@ impl Job {
         if !ACTIVE_JOB_WRAPPERS.contains(&self.class()) {
             return None;
         }
-        self.msg.get("args")?.as_array()?.first()?.as_object()
+        self.head.args.as_ref()?.as_array()?.first()?.as_object()
     }
 
     /// The class we dispatch on: `args[0].job_class` for ActiveJob wrappers, else `class`.
@@ -106,22 +214,19 @@ impl Job {
 
     /// Name shown in logs, following the Web UI's display rule (display_class, wrapped, class).
     pub fn display_class(&self) -> &str {
-        for k in ["display_class", "wrapped"] {
-            if let Some(s) = self.msg.get(k).and_then(Value::as_str) {
-                return s;
-            }
-        }
-        self.dispatch_class()
+        Self::head_str(&self.head.display_class)
+            .or_else(|| self.wrapped())
+            .unwrap_or_else(|| self.dispatch_class())
     }
 
     pub fn retry_count(&self) -> Option<i64> {
-        self.msg.get("retry_count").and_then(Value::as_i64)
+        self.head.retry_count.as_ref().and_then(Value::as_i64)
     }
 
     /// Sidekiq 8 writes integer epoch milliseconds; <= 7 float seconds. We answer in the unit
     /// the job's own `created_at` uses.
     pub fn uses_millis(&self) -> bool {
-        uses_millis(&self.msg)
+        matches!(&self.head.created_at, Some(Value::Number(n)) if n.is_i64() || n.is_u64())
     }
 }
 
@@ -169,7 +274,7 @@ mod tests {
     fn keeps_big_ints_floats_and_unknown_keys() {
         let raw = r#"{"class":"A","args":[1180591620717411303424,1.5,1.0,"é"],"zz":{"k":[null]},"jid":"x","created_at":1796095478.8430314}"#;
         let job = Job::parse("default", raw.to_string()).unwrap();
-        assert_eq!(dump(&job.msg), raw);
+        assert_eq!(dump(job.msg()), raw);
         assert!(!job.uses_millis());
     }
 
@@ -179,6 +284,33 @@ mod tests {
         let job = Job::parse("default", raw.to_string()).unwrap();
         assert_eq!(job.dispatch_class(), "SendReportJob");
         assert_eq!(job.dispatch_args(), vec![Value::from(7), Value::from("x")]);
+    }
+
+    #[test]
+    fn head_and_full_parse_agree() {
+        for raw in [
+            r#"{"class":"A","class":"B","args":[1]}"#,
+            r#"{"class":null,"args":"x"}"#,
+            r#"{"class":"A\u00e9","jid":"j\"1","args":[{"k":1e400}],"retry_count":2}"#,
+            r#"{"args":[]}"#,
+        ] {
+            let job = Job::parse("q", raw.to_string()).unwrap();
+            let full = match serde_json::from_str::<Value>(raw).unwrap() {
+                Value::Object(m) => m,
+                _ => unreachable!(),
+            };
+            let head = Head::from_map(&full);
+            assert_eq!(format!("{:?}", job.head), format!("{head:?}"), "{raw}");
+            assert_eq!(job.msg(), &full);
+        }
+        assert!(matches!(
+            Job::parse("q", "[1]".into()),
+            Err(PayloadError::NotObject)
+        ));
+        assert!(matches!(
+            Job::parse("q", "{".into()),
+            Err(PayloadError::Json(_))
+        ));
     }
 
     #[test]

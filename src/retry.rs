@@ -92,7 +92,7 @@ pub enum Decision {
 /// payload itself says `retry` (there is no class to ask for a default); otherwise it is
 /// dropped after the death handlers, as Ruby does.
 pub fn decide_unknown_class(job: &Job, failure: &Failure) -> Decision {
-    match job.msg.get("retry") {
+    match job.msg().get("retry") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Decision::Discard,
         _ => decide(job, failure),
     }
@@ -116,7 +116,7 @@ pub fn delay_secs(count: i64) -> f64 {
 
 /// Apply Sidekiq's failure bookkeeping to the job and decide its fate.
 pub fn decide(job: &Job, failure: &Failure) -> Decision {
-    let Some(max) = max_retries(&job.msg) else {
+    let Some(max) = max_retries(job.msg()) else {
         return Decision::Discard;
     };
     let max = if NEVER_RETRIED.contains(&failure.class.as_str()) {
@@ -125,7 +125,7 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
         max
     };
     // Start from the original popped payload, never from a modified copy.
-    let mut msg = job.msg.clone();
+    let mut msg = job.msg().clone();
     // job_retry.rb `local`: a payload without `retry` gets the class default (true) written in.
     if matches!(msg.get("retry"), None | Some(Value::Null)) {
         msg.insert("retry".into(), Value::Bool(true));
