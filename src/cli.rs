@@ -210,7 +210,7 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
         }
         if let Some(q) = f.queues {
             if !q.is_empty() {
-                c.queues.queues = q;
+                c.queues = crate::queues::QueueOrder::new(q);
             }
         }
         c.tag = f.tag;
@@ -220,11 +220,12 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
         }
     }
     if !a.queues.is_empty() {
-        c.queues.queues = a
-            .queues
-            .iter()
-            .map(|q| config::parse_queue_arg(q))
-            .collect::<Result<_, _>>()?;
+        c.queues = crate::queues::QueueOrder::new(
+            a.queues
+                .iter()
+                .map(|q| config::parse_queue_arg(q))
+                .collect::<Result<_, _>>()?,
+        );
     }
     if let Some(n) = a.concurrency {
         c.concurrency = n;

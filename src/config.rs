@@ -40,9 +40,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             redis_url: "redis://127.0.0.1:6379/0".into(),
-            queues: QueueOrder {
-                queues: vec![("default".into(), 0)],
-            },
+            queues: QueueOrder::new(vec![("default".into(), 0)]),
             concurrency: 5,
             timeout: Duration::from_secs(25),
             jobs_dir: PathBuf::from("jobs"),

@@ -24,7 +24,7 @@ pub fn info_json(worker: &Worker, started_at: f64) -> String {
     let cfg = &worker.config;
     let weights: serde_json::Map<String, serde_json::Value> = cfg
         .queues
-        .queues
+        .configured()
         .iter()
         .map(|(q, w)| (q.clone(), json!(w)))
         .collect();

@@ -10,46 +10,70 @@ pub fn queue_key(queue: &str) -> String {
 }
 
 /// The configured queues and weights, and Sidekiq's rule for ordering them before each fetch.
+/// Built once (`new`): the unique names and the weighted draw list are kept, so ordering for a
+/// fetch allocates one small vector and never compares names.
 #[derive(Debug, Clone)]
 pub struct QueueOrder {
     /// (name, weight) as configured; weight 0 = none given.
-    pub queues: Vec<(String, u32)>,
+    queues: Vec<(String, u32)>,
+    /// Unique names in configured order.
+    unique: Vec<String>,
+    /// Weighted: each queue's index in `unique`, repeated by its weight (0 counts as 1).
+    /// Empty when no weight is > 0 (strict, 6.4.1's rule).
+    draws: Vec<usize>,
 }
 
 impl QueueOrder {
-    /// Unique queue names in configured order.
-    pub fn names(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for (q, _) in &self.queues {
-            if !out.contains(q) {
-                out.push(q.clone());
+    pub fn new(queues: Vec<(String, u32)>) -> QueueOrder {
+        let mut unique: Vec<String> = Vec::new();
+        for (q, _) in &queues {
+            if !unique.contains(q) {
+                unique.push(q.clone());
             }
         }
-        out
+        let weighted = queues.iter().any(|(_, w)| *w > 0);
+        let mut draws = Vec::new();
+        if weighted {
+            for (q, w) in &queues {
+                let i = unique.iter().position(|u| u == q).expect("listed above");
+                draws.extend(std::iter::repeat_n(i, (*w).max(1) as usize));
+            }
+        }
+        QueueOrder {
+            queues,
+            unique,
+            draws,
+        }
+    }
+
+    /// (name, weight) as configured.
+    pub fn configured(&self) -> &[(String, u32)] {
+        &self.queues
+    }
+
+    /// Unique queue names in configured order.
+    pub fn names(&self) -> Vec<String> {
+        self.unique.clone()
     }
 
     /// Strict unless some weight is > 0 (6.4.1's rule).
     pub fn weighted(&self) -> bool {
-        self.queues.iter().any(|(_, w)| *w > 0)
+        !self.draws.is_empty()
     }
 
     /// The order for one fetch: strict = configured; weighted = each queue repeated by its weight
     /// (0 counts as 1), shuffled, then first occurrences kept.
-    pub fn order(&self) -> Vec<String> {
+    pub fn order(&self) -> Vec<&str> {
         if !self.weighted() {
-            return self.names();
+            return self.unique.iter().map(String::as_str).collect();
         }
-        let mut expanded: Vec<&String> = Vec::new();
-        for (q, w) in &self.queues {
-            for _ in 0..(*w).max(1) {
-                expanded.push(q);
-            }
-        }
-        expanded.shuffle(&mut rand::rng());
-        let mut out: Vec<String> = Vec::new();
-        for q in expanded {
-            if !out.contains(q) {
-                out.push(q.clone());
+        let mut draws = self.draws.clone();
+        draws.shuffle(&mut rand::rng());
+        let mut seen = vec![false; self.unique.len()];
+        let mut out = Vec::with_capacity(self.unique.len());
+        for i in draws {
+            if !std::mem::replace(&mut seen[i], true) {
+                out.push(self.unique[i].as_str());
             }
         }
         out
@@ -62,18 +86,14 @@ mod tests {
 
     #[test]
     fn strict_order_is_configured_order_deduplicated() {
-        let q = QueueOrder {
-            queues: vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 0)],
-        };
+        let q = QueueOrder::new(vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 0)]);
         assert!(!q.weighted());
         assert_eq!(q.order(), vec!["a", "b"]);
     }
 
     #[test]
     fn weighted_order_follows_weights() {
-        let q = QueueOrder {
-            queues: vec![("hi".into(), 3), ("lo".into(), 1)],
-        };
+        let q = QueueOrder::new(vec![("hi".into(), 3), ("lo".into(), 1)]);
         let firsts = (0..4000).filter(|_| q.order()[0] == "hi").count();
         // Expect about 3/4 first; a wide band keeps this from flaking.
         assert!((2700..3300).contains(&firsts), "{firsts}");

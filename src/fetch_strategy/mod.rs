@@ -78,7 +78,7 @@ impl FetchStrategy {
     }
 
     /// Take up to `n` jobs in `order` for the free slots, in one round trip per batch.
-    pub async fn take(&self, order: &[String], n: usize, epoch: u64) -> Batch {
+    pub async fn take(&self, order: &[&str], n: usize, epoch: u64) -> Batch {
         match &self.mode {
             Mode::Reliable(r) => r.take(order, n, epoch).await,
             Mode::Basic(b) => b.take(order, n, epoch).await,
@@ -113,7 +113,7 @@ impl FetchStrategy {
     }
 
     /// The command for one blocking pop.
-    pub fn wait_cmd(&self, wait: &Wait, order: &[String], timeout_secs: f64) -> redis::Cmd {
+    pub fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
         match (&self.mode, wait) {
             (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
             _ => BasicFetch::blocking_pop(order, timeout_secs),

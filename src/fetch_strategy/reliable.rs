@@ -49,7 +49,7 @@ impl ReliableFetch {
     /// every key of a call costs Redis a Lua string, so with 100 queues a batch the first few
     /// can fill should not pay for all 200 keys. A later chunk is asked only for what the
     /// earlier ones lacked, which keeps the order strict.
-    pub async fn take(&self, order: &[String], n: usize, epoch: u64) -> Batch {
+    pub async fn take(&self, order: &[&str], n: usize, epoch: u64) -> Batch {
         let mut conn = self.conn.clone();
         let mut out = Vec::new();
         for chunk in order.chunks(FETCH_QUEUES_PER_CALL) {
@@ -77,7 +77,7 @@ impl ReliableFetch {
                     other => redis::from_redis_value_ref(&other)?,
                 };
                 out.push(UnitOfWork {
-                    queue: chunk[i - 1].clone(),
+                    queue: chunk[i - 1].to_string(),
                     raw,
                     epoch,
                 });
