@@ -6,7 +6,7 @@
 //! Callers hand in plain labels ([`JobEnd`], [`JobFate`]), so this module needs neither the
 //! handler's `Outcome` nor the retry `Decision`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, Weak};
@@ -23,7 +23,7 @@ const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 300.0,
 ];
 
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Histogram {
     counts: [u64; BUCKETS.len()],
     sum: f64,
@@ -80,6 +80,23 @@ pub struct Metrics {
     known_classes: OnceLock<std::collections::HashSet<String>>,
     /// Other class names seen in payloads, up to MAX_CLASS_LABELS.
     other_classes: Mutex<std::collections::HashSet<String>>,
+    /// The per-job families, by queue then payload class: bumped in place, no allocation once
+    /// a (queue, class) was seen; folded into the labelled families when rendered.
+    jobs: Mutex<HashMap<String, HashMap<String, JobSeries>>>,
+}
+
+/// What the job families hold for one (queue, payload class).
+#[derive(Default)]
+struct JobSeries {
+    /// The class label (bounded, see `class_label`), worked out once.
+    label: String,
+    processed: u64,
+    failed: u64,
+    requeued: u64,
+    retried: u64,
+    dead: u64,
+    discarded: u64,
+    duration: Histogram,
 }
 
 /// The labelled families, with their type and help, so a dashboard sees them all from the first
@@ -190,35 +207,78 @@ impl Metrics {
         OTHER_CLASS.to_string()
     }
 
-    /// The `class` (bounded, see `class_label`) and `queue` labels of the job families.
-    fn job_labels(&self, class: &str, queue: &str) -> Labels {
-        vec![
-            ("class", self.class_label(class)),
-            ("queue", queue.to_string()),
-        ]
+    /// Bump the series of (class, queue), creating it on first use.
+    fn job_series(&self, class: &str, queue: &str, bump: impl FnOnce(&mut JobSeries)) {
+        let mut jobs = self.jobs.lock().unwrap();
+        if let Some(s) = jobs.get_mut(queue).and_then(|q| q.get_mut(class)) {
+            return bump(s);
+        }
+        let mut series = JobSeries {
+            label: self.class_label(class),
+            ..JobSeries::default()
+        };
+        bump(&mut series);
+        jobs.entry(queue.to_string())
+            .or_default()
+            .insert(class.to_string(), series);
     }
 
     /// A run ended: counted as processed (and failed or requeued), its duration observed.
     pub fn job_finished(&self, class: &str, queue: &str, end: JobEnd, secs: f64) {
-        let l = self.job_labels(class, queue);
-        self.inc("playguard_jobs_processed_total", l.clone());
-        match end {
-            JobEnd::Failed => self.inc("playguard_jobs_failed_total", l.clone()),
-            JobEnd::Requeued => self.inc("playguard_jobs_requeued_total", l.clone()),
-            JobEnd::Done => {}
-        }
-        self.observe("playguard_job_duration_seconds", l, secs);
+        self.job_series(class, queue, |s| {
+            s.processed += 1;
+            match end {
+                JobEnd::Failed => s.failed += 1,
+                JobEnd::Requeued => s.requeued += 1,
+                JobEnd::Done => {}
+            }
+            s.duration.observe(secs);
+        });
     }
 
     /// A failed job was retried, moved to the dead set or dropped.
     pub fn job_fate(&self, class: &str, queue: &str, fate: JobFate) {
-        let l = self.job_labels(class, queue);
-        let name = match fate {
-            JobFate::Retried => "playguard_jobs_retried_total",
-            JobFate::Dead => "playguard_jobs_dead_total",
-            JobFate::Discarded => "playguard_jobs_discarded_total",
-        };
-        self.inc(name, l);
+        self.job_series(class, queue, |s| match fate {
+            JobFate::Retried => s.retried += 1,
+            JobFate::Dead => s.dead += 1,
+            JobFate::Discarded => s.discarded += 1,
+        });
+    }
+
+    /// The job series as labelled samples, added to `counters` and `histograms` (only the
+    /// counts that are not zero, as if each had been counted there one by one).
+    fn fold_jobs(
+        &self,
+        counters: &mut BTreeMap<(&'static str, Labels), u64>,
+        histograms: &mut BTreeMap<(&'static str, Labels), Histogram>,
+    ) {
+        for (queue, classes) in self.jobs.lock().unwrap().iter() {
+            for s in classes.values() {
+                let labels = || vec![("class", s.label.clone()), ("queue", queue.clone())];
+                for (name, n) in [
+                    ("playguard_jobs_processed_total", s.processed),
+                    ("playguard_jobs_failed_total", s.failed),
+                    ("playguard_jobs_requeued_total", s.requeued),
+                    ("playguard_jobs_retried_total", s.retried),
+                    ("playguard_jobs_dead_total", s.dead),
+                    ("playguard_jobs_discarded_total", s.discarded),
+                ] {
+                    if n > 0 {
+                        *counters.entry((name, labels())).or_default() += n;
+                    }
+                }
+                if s.duration.total > 0 {
+                    let h = histograms
+                        .entry(("playguard_job_duration_seconds", labels()))
+                        .or_default();
+                    for (c, add) in h.counts.iter_mut().zip(s.duration.counts) {
+                        *c += add;
+                    }
+                    h.sum += s.duration.sum;
+                    h.total += s.duration.total;
+                }
+            }
+        }
     }
 
     /// A payload that is not a job went to the dead set (no class label: it has none).
@@ -281,8 +341,9 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} {kind}");
         };
-        let counters = self.counters.lock().unwrap();
-        let histograms = self.histograms.lock().unwrap();
+        let mut counters = self.counters.lock().unwrap().clone();
+        let mut histograms = self.histograms.lock().unwrap().clone();
+        self.fold_jobs(&mut counters, &mut histograms);
         // Families we know first (each once, its samples right under its header), then any
         // family another module invented, with a bare TYPE line.
         let mut names: Vec<(&str, &str, &str)> = FAMILIES.to_vec();

@@ -78,8 +78,9 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
     }));
     tracing::info!("start");
 
-    let known = worker.registry.contains(&class);
-    let outcome = match worker.registry.get(&class) {
+    let handler = worker.registry.get(&class);
+    let known = handler.is_some();
+    let outcome = match handler {
         None => Outcome::Failed(Failure::new(
             error_class::UNKNOWN_CLASS_ERROR,
             format!("uninitialized constant {class}"),

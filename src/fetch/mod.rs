@@ -67,10 +67,12 @@ impl FetchLoop {
                 p = self.permits.clone().acquire_owned() => p.expect("semaphore never closed"),
             };
             let worker = self.worker.clone();
-            tokio::spawn(async move {
+            // Boxed: the task then holds a pointer, not the whole processing state machine,
+            // which tokio would otherwise copy each time it moves the task's stage.
+            tokio::spawn(Box::pin(async move {
                 processor::process(&worker, job).await;
                 drop(permit);
-            });
+            }));
         }
         Ok(())
     }
