@@ -229,17 +229,10 @@ impl Visit for TextVisitor<'_> {
 }
 
 /// Install the subscriber. Keep the returned guard alive until exit: dropping it flushes the
-/// lines still queued for the writer thread.
-pub fn init(json: bool) -> tracing_appender::non_blocking::WorkerGuard {
+/// lines still buffered for the writer thread.
+pub fn init(json: bool) -> crate::log_writer::Guard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // The writer thread flushes whenever its queue runs dry, so lines still appear at once
-    // when idle. Not lossy: a full queue makes the logger wait rather than drop lines.
-    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
-        .lossy(false)
-        .finish(std::io::BufWriter::with_capacity(
-            64 * 1024,
-            std::io::stdout(),
-        ));
+    let (writer, guard) = crate::log_writer::start(std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

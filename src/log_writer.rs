@@ -1,0 +1,163 @@
+//! Where log lines go: appended to one shared buffer, which a writer thread hands to stdout in
+//! large writes. A line costs a lock and a copy; the writer is woken only when the buffer goes
+//! from empty to not empty, so under load one wake-up and one write carry many lines, and an
+//! idle process still shows each line at once. (tracing-appender's non-blocking writer, used
+//! before, allocated and sent one message per line and woke its thread for most of them:
+//! a third of a job's cost at INFO.) Not lossy: past `MAX_BUFFERED` a logger waits for the
+//! writer. Touches no Redis keys.
+
+use std::io::Write;
+use std::sync::{Arc, Condvar, Mutex};
+
+/// Past this many bytes waiting, loggers wait for the writer rather than grow the buffer.
+const MAX_BUFFERED: usize = 4 << 20;
+
+#[derive(Default)]
+struct State {
+    buf: Vec<u8>,
+    /// No more lines: the writer drains what is left and ends.
+    closed: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Lines arrived (writer waits on it).
+    ready: Condvar,
+    /// The buffer was taken (loggers waiting on a full buffer wait on it).
+    drained: Condvar,
+}
+
+/// The `MakeWriter` handed to tracing-subscriber: each line it formats is one `write` here.
+#[derive(Clone)]
+pub struct LineWriter(Arc<Shared>);
+
+impl Write for LineWriter {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let mut st = self.0.state.lock().unwrap();
+        while st.buf.len() > MAX_BUFFERED && !st.closed {
+            st = self.0.drained.wait(st).unwrap();
+        }
+        let was_empty = st.buf.is_empty();
+        st.buf.extend_from_slice(line);
+        drop(st);
+        if was_empty {
+            self.0.ready.notify_one();
+        }
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LineWriter {
+    type Writer = LineWriter;
+
+    fn make_writer(&'a self) -> LineWriter {
+        self.clone()
+    }
+}
+
+/// Flushes what is buffered and stops the writer thread when dropped (keep it until exit).
+pub struct Guard {
+    shared: Arc<Shared>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.shared.state.lock().unwrap().closed = true;
+        self.shared.ready.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Start the writer thread over `out`.
+pub fn start(mut out: impl Write + Send + 'static) -> (LineWriter, Guard) {
+    let shared = Arc::new(Shared::default());
+    let s = shared.clone();
+    let thread = std::thread::Builder::new()
+        .name("playguard-log".into())
+        .spawn(move || {
+            let mut spare = Vec::new();
+            loop {
+                let closed = {
+                    let mut st = s.state.lock().unwrap();
+                    while st.buf.is_empty() && !st.closed {
+                        st = s.ready.wait(st).unwrap();
+                    }
+                    std::mem::swap(&mut st.buf, &mut spare);
+                    st.closed
+                };
+                s.drained.notify_all();
+                // A failed write (stdout closed) drops these lines; nothing else can be done
+                // with them, and the worker must go on.
+                let _ = out.write_all(&spare).and_then(|_| out.flush());
+                spare.clear();
+                if closed && s.state.lock().unwrap().buf.is_empty() {
+                    return;
+                }
+            }
+        })
+        .expect("spawn the log writer thread");
+    (
+        LineWriter(shared.clone()),
+        Guard {
+            shared,
+            thread: Some(thread),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Every line from every thread arrives whole, and dropping the guard flushes the rest.
+    #[test]
+    fn lines_from_many_threads_all_arrive_whole() {
+        let sink = Sink::default();
+        let (w, guard) = start(sink.clone());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let mut w = w.clone();
+                std::thread::spawn(move || {
+                    for i in 0..5000 {
+                        w.write_all(format!("t{t} line {i}\n").as_bytes()).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        drop(guard);
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 20_000);
+        for t in 0..4 {
+            let mine: Vec<&str> = text
+                .lines()
+                .filter(|l| l.starts_with(&format!("t{t} ")))
+                .collect();
+            assert_eq!(mine.len(), 5000);
+            assert_eq!(mine[4999], format!("t{t} line 4999"));
+        }
+    }
+}
