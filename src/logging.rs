@@ -213,18 +213,19 @@ impl Visit for TextVisitor<'_> {
         if self.result.is_err() {
             return;
         }
+        // The fixed parts go in as plain strings: only the value needs the formatter.
+        let w = &mut self.w;
         let pad = if self.first { "" } else { " " };
         self.first = false;
         let name = f.name();
-        self.result = if name == "message" {
-            write!(self.w, "{pad}{v:?}")
-        } else {
-            write!(
-                self.w,
-                "{pad}{}={v:?}",
-                name.strip_prefix("r#").unwrap_or(name)
-            )
-        };
+        self.result = (|| {
+            w.write_str(pad)?;
+            if name != "message" {
+                w.write_str(name.strip_prefix("r#").unwrap_or(name))?;
+                w.write_char('=')?;
+            }
+            write!(w, "{v:?}")
+        })();
     }
 }
 
