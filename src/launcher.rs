@@ -385,8 +385,10 @@ pub async fn run_with(
         side.spawn(periodic::run(worker.clone(), p).instrument(root.clone()));
     }
 
-    let permits = Arc::new(Semaphore::new(worker.config.concurrency));
-    fetch::run(worker.clone(), permits.clone()).await;
+    let slots = Arc::new(Semaphore::new(worker.config.concurrency));
+    let credits_total = fetch::credits(&worker);
+    let credits = Arc::new(Semaphore::new(credits_total));
+    fetch::run(worker.clone(), slots, credits.clone()).await;
     tracing::info!("fetching stopped");
     worker.shutdown.stopped().await;
     let deadline = worker
@@ -394,7 +396,8 @@ pub async fn run_with(
         .state()
         .deadline
         .expect("stopping sets a deadline");
-    let all = permits.acquire_many(worker.config.concurrency as u32);
+    // Every fetched job has ended or been handed back once all credits are home.
+    let all = credits.acquire_many(credits_total as u32);
     // The deadline may move (second TERM); processors follow it themselves, this is a backstop.
     if tokio::time::timeout_at(deadline + AFTER_DEADLINE, all)
         .await

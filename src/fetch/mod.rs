@@ -24,6 +24,41 @@ const BLOCKERS_GRACE: Duration =
 const MAX_BATCH: usize = 256;
 /// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
 const MAX_BRPOP_CONNECTIONS: usize = 64;
+/// Jobs are short while their recent mean run time is under this; only then does the loop
+/// fetch the next batch while the current one runs (see `Pace`).
+const SHORT_JOB_MICROS: u64 = 2_000;
+
+/// The recent mean run time of this process's jobs (an exponential average over about the
+/// last 16), starting at one second: a process assumes long jobs until it has seen short ones.
+struct Pace(std::sync::atomic::AtomicU64);
+
+impl Default for Pace {
+    fn default() -> Pace {
+        Pace(std::sync::atomic::AtomicU64::new(1_000_000))
+    }
+}
+
+impl Pace {
+    fn record(&self, took: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let x = took.as_micros().min(u64::MAX as u128) as u64;
+        let old = self.0.load(Relaxed);
+        // A lost update under a race only skews the average a little.
+        self.0.store(old - old / 16 + x / 16, Relaxed);
+    }
+
+    fn short(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) < SHORT_JOB_MICROS
+    }
+}
+
+/// How many jobs a process may hold fetched beyond its slots, while jobs are short: one more
+/// batch of `concurrency`. A fetched job waits for a slot in our working list (reliable) or in
+/// memory (basic), so with long jobs (a reconcile cycle) nothing is fetched ahead: another
+/// process with a free slot must get it.
+fn fetch_ahead(concurrency: usize) -> usize {
+    concurrency
+}
 
 /// Quiet came while the loop held jobs it had not started.
 struct Quieted;
@@ -31,7 +66,12 @@ struct Quieted;
 /// The fetch loop's state between rounds.
 struct FetchLoop {
     worker: Arc<Worker>,
-    permits: Arc<Semaphore>,
+    /// One per slot: a running job holds one.
+    slots: Arc<Semaphore>,
+    /// `concurrency + ahead`: a fetched job holds one from its fetch until it ends.
+    credits: Arc<Semaphore>,
+    ahead: usize,
+    pace: Arc<Pace>,
     blockers: Vec<Blocker>,
     deliveries: mpsc::UnboundedReceiver<Delivery>,
     /// Fetched, not yet started (last = next to start).
@@ -57,24 +97,57 @@ impl FetchLoop {
         }
     }
 
-    /// Start whatever we hold, as slots allow. Biased: once quiet, a job not yet started goes
-    /// back, never into a free slot.
+    /// Hand whatever we hold to runner tasks, in order, each with a credit; a runner waits
+    /// for a slot (tokio's semaphore is first come, first served, so fetch order is kept).
+    /// Biased: once quiet, a job not yet handed over goes back; a runner still waiting for its
+    /// slot at quiet hands its job back too, never starting it.
     async fn start_held(&mut self) -> Result<(), Quieted> {
         while let Some(job) = self.held.pop() {
-            let permit = tokio::select! {
+            let credit = tokio::select! {
                 biased;
                 _ = self.worker.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
-                p = self.permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+                p = self.credits.clone().acquire_owned() => p.expect("semaphore never closed"),
             };
             let worker = self.worker.clone();
+            let slots = self.slots.clone();
+            let pace = self.pace.clone();
             // Boxed: the task then holds a pointer, not the whole processing state machine,
             // which tokio would otherwise copy each time it moves the task's stage.
             tokio::spawn(Box::pin(async move {
+                let slot = tokio::select! {
+                    biased;
+                    _ = worker.shutdown.quieted() => {
+                        worker.fetch.requeue_logged(&job).await;
+                        drop(credit);
+                        return;
+                    }
+                    p = slots.acquire_owned() => p.expect("semaphore never closed"),
+                };
+                let started = std::time::Instant::now();
                 processor::process(&worker, job).await;
-                drop(permit);
+                pace.record(started.elapsed());
+                drop(slot);
+                drop(credit);
             }));
         }
         Ok(())
+    }
+
+    /// How many jobs the next fetch may take: the free credits, less the fetch-ahead ones while
+    /// jobs are not short. Waits until that is at least one.
+    async fn fetchable(&self) -> Result<usize, Quieted> {
+        loop {
+            let reserve = if self.pace.short() { 0 } else { self.ahead };
+            let free = self.credits.available_permits().saturating_sub(reserve);
+            if free > 0 {
+                return Ok(free);
+            }
+            tokio::select! {
+                biased;
+                _ = self.worker.shutdown.quieted() => return Err(Quieted),
+                p = self.credits.acquire_many(reserve as u32 + 1) => drop(p),
+            }
+        }
     }
 
     /// Fully idle after a fetch whose reply was lost: anything in our working lists now is a
@@ -83,7 +156,7 @@ impl FetchLoop {
     async fn rescue_if_idle(&mut self) -> bool {
         let worker = &self.worker;
         if !self.may_hide_jobs
-            || self.permits.available_permits() != worker.config.concurrency
+            || self.credits.available_permits() != worker.config.concurrency + self.ahead
             || worker.fetch.acks_pending() != 0
             || self.blockers.iter().any(Blocker::is_armed)
         {
@@ -139,15 +212,11 @@ impl FetchLoop {
         }
     }
 
-    /// One round: start what we hold, wait for a free slot, then take a batch or block.
+    /// One round: hand over what we hold, wait for a free credit, then take a batch or block.
     async fn round(&mut self) -> Result<(), Quieted> {
         self.start_held().await?;
         let worker = self.worker.clone();
-        let free = tokio::select! {
-            biased;
-            _ = worker.shutdown.quieted() => return Err(Quieted),
-            p = self.permits.clone().acquire_owned() => { drop(p); self.permits.available_permits() }
-        };
+        let free = self.fetchable().await?;
         self.take_ready();
         if !self.held.is_empty() {
             self.idle = false;
@@ -193,9 +262,23 @@ impl FetchLoop {
     }
 }
 
+/// The credits a process fetches against: its slots, plus one batch ahead where a fetched job
+/// waits in our working list (reliable fetch). Basic fetch holds popped jobs only in memory,
+/// so it fetches only for free slots, as Sidekiq's one BRPOP per thread does.
+pub fn credits(worker: &Worker) -> usize {
+    let c = worker.config.concurrency;
+    c + if worker.fetch.recovers_orphans() {
+        fetch_ahead(c)
+    } else {
+        0
+    }
+}
+
 /// The fetch loop: runs until quiet/stop, starting one processor task per job, never more
-/// than `concurrency` at once. Jobs that arrive after quiet are pushed straight back.
-pub async fn run(worker: Arc<Worker>, permits: Arc<Semaphore>) {
+/// than `concurrency` at once (`slots`). Jobs fetched ahead wait in order for a slot; after
+/// quiet, every job not started is pushed straight back. The launcher waits for all of
+/// `credits` (every fetched job ended or handed back) before it drains.
+pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaphore>) {
     let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
     let mut tasks = JoinSet::new();
     let waits = worker.fetch.waits(
@@ -211,7 +294,10 @@ pub async fn run(worker: Arc<Worker>, permits: Arc<Semaphore>) {
     drop(tx);
     let mut lp = FetchLoop {
         worker: worker.clone(),
-        permits,
+        ahead: credits.available_permits() - worker.config.concurrency,
+        slots,
+        credits,
+        pace: Arc::new(Pace::default()),
         blockers,
         deliveries,
         held: Vec::new(),
