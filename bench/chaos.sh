@@ -217,7 +217,9 @@ esac
 # --- drain, stop, check --------------------------------------------------------------------
 pending() {
   local n=0 k
-  n=$(( $(rcli LLEN queue:default) + $(rcli ZCARD schedule) ))
+  # The retry set too: a cycle whose lock could not even be attempted (Redis restarting)
+  # fails with Playguard::LockError and is retried the Sidekiq way, 15-25 s later.
+  n=$(( $(rcli LLEN queue:default) + $(rcli ZCARD schedule) + $(rcli ZCARD retry) ))
   for k in $(rcli --scan --pattern 'playguard:working:*'); do n=$((n + $(rcli LLEN "$k"))); done
   echo "$n"
 }
@@ -231,7 +233,7 @@ while n=$(pending); [ "$n" != 0 ]; do
 done
 left_in_redis=$(pending)
 # What is still in Redis is not lost, only not run yet: the checker lists it apart.
-{ rcli LRANGE queue:default 0 -1; rcli ZRANGE schedule 0 -1
+{ rcli LRANGE queue:default 0 -1; rcli ZRANGE schedule 0 -1; rcli ZRANGE retry 0 -1
   for k in $(rcli --scan --pattern 'playguard:working:*'); do rcli LRANGE "$k" 0 -1; done
 } | grep -o '"jid":"[0-9a-f]*"' | cut -d'"' -f4 | sort -u >"$tmp/remaining" || true
 rss_end="$(rss_all)"
@@ -257,7 +259,7 @@ grep -hoE 'jid=[0-9a-f]*.*(already locked|aborted: lock lost)' "$logs"/w*.log \
 
 echo "faults injected: $faults (worker SIGKILL $f_kill, worker SIGSTOP $f_stop, Redis pause $f_rpause, Redis restart $f_rrestart, rolling TERM $f_rolling)"
 echo "worker RSS KB at start:$rss_start; at end:$rss_end"
-echo "left in Redis (queue, schedule, working lists): $left_in_redis; retry: $retry_n; dead: $dead_n"
+echo "left in Redis (queue, schedule, retry, working lists): $left_in_redis; retry: $retry_n; dead: $dead_n"
 echo "processes left behind: $left_procs"
 echo "workers that exited by themselves: $w_exited (must be 0)"
 status=0
