@@ -35,75 +35,57 @@ pub struct Job {
     msg: std::sync::OnceLock<Map<String, Value>>,
 }
 
-/// The top-level fields a run reads, each as the JSON value the payload holds.
-#[derive(Debug, Clone, Default)]
-struct Head {
-    class: Option<Value>,
-    args: Option<Value>,
-    jid: Option<Value>,
-    wrapped: Option<Value>,
-    display_class: Option<Value>,
-    retry_count: Option<Value>,
-    created_at: Option<Value>,
+/// The top-level fields a run reads, named once: `Head` holds each as the JSON value the
+/// payload has (None = key absent), `HeadRef` the same fields borrowed from the payload (every
+/// other key is skipped: checked as JSON, never built). A field given twice fails the
+/// borrowed parse; the full parse then decides (its rule: the last one wins), so the answer
+/// never differs from parsing the whole object.
+macro_rules! head_fields {
+    ($($field:ident),*) => {
+        #[derive(Debug, Clone, Default)]
+        struct Head {
+            $($field: Option<Value>,)*
+        }
+
+        #[derive(serde::Deserialize)]
+        struct HeadRef<'a> {
+            $(
+                #[serde(borrow, default, deserialize_with = "present")]
+                $field: Option<&'a serde_json::value::RawValue>,
+            )*
+        }
+
+        impl Head {
+            fn from_ref(h: HeadRef<'_>) -> Result<Head, serde_json::Error> {
+                Ok(Head {
+                    $($field: h.$field.map(|r| serde_json::from_str(r.get())).transpose()?,)*
+                })
+            }
+
+            fn from_map(m: &Map<String, Value>) -> Head {
+                Head {
+                    $($field: m.get(stringify!($field)).cloned(),)*
+                }
+            }
+        }
+    };
 }
 
-/// The same fields, borrowed from the payload. Every other key is skipped (checked as JSON,
-/// never built). A field given twice fails this parse; the full parse then decides (its rule:
-/// the last one wins), so the answer never differs from parsing the whole object.
-#[derive(serde::Deserialize)]
-struct HeadRef<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    class: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    args: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    jid: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    wrapped: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    display_class: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    retry_count: Option<&'a serde_json::value::RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    created_at: Option<&'a serde_json::value::RawValue>,
-}
+head_fields!(
+    class,
+    args,
+    jid,
+    wrapped,
+    display_class,
+    retry_count,
+    created_at
+);
 
 /// A key that is there, even as `null`, is Some (as `Map::get` sees it).
 fn present<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
     serde::Deserialize::deserialize(d).map(Some)
-}
-
-impl Head {
-    fn from_ref(h: HeadRef<'_>) -> Result<Head, serde_json::Error> {
-        let v =
-            |r: Option<&serde_json::value::RawValue>| -> Result<Option<Value>, serde_json::Error> {
-                r.map(|r| serde_json::from_str(r.get())).transpose()
-            };
-        Ok(Head {
-            class: v(h.class)?,
-            args: v(h.args)?,
-            jid: v(h.jid)?,
-            wrapped: v(h.wrapped)?,
-            display_class: v(h.display_class)?,
-            retry_count: v(h.retry_count)?,
-            created_at: v(h.created_at)?,
-        })
-    }
-
-    fn from_map(m: &Map<String, Value>) -> Head {
-        let v = |k: &str| m.get(k).cloned();
-        Head {
-            class: v("class"),
-            args: v("args"),
-            jid: v("jid"),
-            wrapped: v("wrapped"),
-            display_class: v("display_class"),
-            retry_count: v("retry_count"),
-            created_at: v("created_at"),
-        }
-    }
 }
 
 impl Job {
