@@ -332,10 +332,11 @@ run = ["jobs/bin/after"]
 }
 
 /// A worker SIGKILLed mid-cycle leaves its ledger row `running`; the next acquisition marks it
-/// `uncertain` and completes its own. After FLUSHALL of the test's Redis every row is still there.
+/// `uncertain` and completes its own. After the test's own Redis restarts empty (it keeps
+/// nothing on disk), every row is still there.
 #[test]
-fn a_killed_holders_row_becomes_uncertain_and_the_ledger_survives_flushall() {
-    let redis = RedisServer::start();
+fn a_killed_holders_row_becomes_uncertain_and_the_ledger_survives_losing_redis() {
+    let mut redis = RedisServer::start();
     let pg = PostgresServer::start();
     let p = Project::new();
     p.script("jobs/bin/wait", WAIT_FOR_GO);
@@ -382,9 +383,14 @@ run = ["jobs/bin/done"]
         "{rows:?}"
     );
 
-    redis::cmd("FLUSHALL")
-        .query::<()>(&mut redis.conn())
-        .unwrap();
+    redis.restart();
+    assert_eq!(
+        redis::cmd("DBSIZE")
+            .query::<i64>(&mut redis.conn())
+            .unwrap(),
+        0,
+        "the restarted Redis is empty"
+    );
     assert_eq!(
         ledger(&pg, "lock:kill"),
         rows,
