@@ -2,13 +2,9 @@
 # (reliable and basic fetch), each both quiet and at INFO, against the private redis-server
 # run.sh started. ROUNDS interleaved rounds (each round runs every kind once, in a rotated
 # order); every figure is the median over the rounds with its min-max. Every wait has a deadline.
-require 'sidekiq'
+require_relative 'common'
 require 'sidekiq/api'
-require 'json'
-require 'redis'
-require 'tmpdir'
 
-URL = ENV.fetch('REDIS_URL')
 N = Integer(ENV.fetch('BENCH_JOBS', '100000'))
 ROUNDS = Integer(ENV.fetch('ROUNDS', '3'))
 PG_CONC = Integer(ENV.fetch('PG_CONCURRENCY', '50'))
@@ -20,20 +16,6 @@ BIN = ENV.fetch('PG_BIN')
 RUSTY = ENV.fetch('RUSTY_BIN')
 OUT = ENV.fetch('OUT_DIR')
 HERE = File.expand_path(__dir__)
-Sidekiq.configure_client { |c| c.redis = { url: URL } }
-Sidekiq.logger.level = Logger::WARN
-Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
-R = Redis.new(url: URL)
-
-def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-def wait_for(what, secs, pause = 0.0005)
-  deadline = now + secs
-  until yield
-    raise "timed out after #{secs}s waiting for #{what}" if now > deadline
-    sleep pause
-  end
-end
 
 # "quiet" = no per-job lines: Ruby's logger at ERROR (set in ruby_jobs.rb), RUST_LOG=warn for
 # both Rust workers. "info" = every worker's default, with its per-job start/done lines.
@@ -86,18 +68,9 @@ end
 
 def vmhwm_kb(pid) = File.read("/proc/#{pid}/status")[/^VmHWM:\s+(\d+)/, 1].to_i
 
-def redis_cpu
-  i = R.info(:cpu)
-  i['used_cpu_sys'].to_f + i['used_cpu_user'].to_f
-end
-
 # The driver's own commands (its polling script and what that script calls), left out of the
 # per-job counts; none of the workers sends these while draining.
 OWN = %w[eval llen keys info config config|resetstat flushdb].freeze
-
-def commandstats
-  R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v['calls'].to_i : v[/calls=(\d+)/, 1].to_i] }
-end
 
 # Jobs still queued or in any playguard working list, in one round trip.
 LEFT = "local n = redis.call('LLEN', KEYS[1]) " \
@@ -116,7 +89,7 @@ def throughput(kind)
   raise 'push failed' unless R.llen('queue:bench') == N
   R.config(:resetstat)
   pid = spawn_worker(kind, 'throughput')
-  wait_for("#{kind}: first pop", 60) { R.llen('queue:bench') < N }
+  wait_for("#{kind}: first pop", 60, 0.0005) { R.llen('queue:bench') < N }
   first = now
   cpu0 = proc_cpu(pid)
   rcpu0 = redis_cpu
@@ -159,7 +132,7 @@ def idle(kind)
     lat << v.to_i
   end
   lat.sort!
-  wait_for("#{kind}: idle again", 10) { R.eval(LEFT, keys: ['queue:bench']).zero? }
+  wait_for("#{kind}: idle again", 10, 0.0005) { R.eval(LEFT, keys: ['queue:bench']).zero? }
   sleep 0.5
   stop = stop_worker(pid)
   { idle_cmds: calls / IDLE_SECS, p50_ms: percentile(lat, 0.5) / 1000.0,

@@ -1,10 +1,7 @@
 # Driver for bench/profile.sh: one worker under callgrind drains JOBS no-op jobs; prints
 # instructions per job, Redis commands per job and the top functions by inclusive cost.
-require 'sidekiq'
-require 'redis'
-require 'tmpdir'
+require_relative 'common'
 
-URL = ENV.fetch('REDIS_URL')
 N = Integer(ENV.fetch('JOBS', '20000'))
 CONC = Integer(ENV.fetch('PG_CONCURRENCY', '50'))
 FETCH = ENV.fetch('FETCH', 'reliable')
@@ -13,31 +10,8 @@ OUT = ENV.fetch('OUT_DIR')
 TOP = Integer(ENV.fetch('TOP', '30'))
 # Set when profile.sh runs redis-server under callgrind too.
 REDIS_PID = ENV['REDIS_CALLGRIND'] && ENV.fetch('REDIS_PID')
-Sidekiq.configure_client { |c| c.redis = { url: URL } }
-Sidekiq.logger.level = Logger::WARN
-Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
-R = Redis.new(url: URL)
 # The driver's own commands, left out of the per-job counts.
 OWN = %w[info config rename exists smembers scard].freeze
-
-def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-def wait_for(what, secs)
-  deadline = now + secs
-  until yield
-    raise "timed out after #{secs}s waiting for #{what}" if now > deadline
-    sleep 0.05
-  end
-end
-
-def commandstats(field = 'calls')
-  R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v[field].to_f : v[/#{field}=([\d.]+)/, 1].to_f] }
-end
-
-def redis_cpu
-  i = R.info(:cpu)
-  i['used_cpu_sys'].to_f + i['used_cpu_user'].to_f
-end
 
 R.flushdb
 N.times.each_slice(10_000) do |s|
@@ -55,7 +29,7 @@ cmd = if ENV['RUSTY_BIN']
 pid = Process.spawn(env, 'valgrind', '--tool=callgrind', "--callgrind-out-file=#{OUT}/callgrind.out.%p",
                     *cmd, out: log, err: [:child, :out], pgroup: true)
 begin
-  wait_for('worker registered', 300) { R.scard('processes') > 0 }
+  wait_for('worker registered', 300, 0.05) { R.scard('processes') > 0 }
   identity = R.smembers('processes').first
   sleep 3 # first sweep, first poll and beat pass
   system('callgrind_control', '-z', pid.to_s, out: File::NULL) or raise 'callgrind_control -z failed'
@@ -64,7 +38,7 @@ begin
   cpu0 = redis_cpu
   t0 = now
   R.rename('bench:staging', 'queue:bench')
-  wait_for('queue drained and acked', 1100) do
+  wait_for('queue drained and acked', 1100, 0.05) do
     R.exists('queue:bench', "playguard:working:#{identity}:bench").zero?
   end
   secs = now - t0

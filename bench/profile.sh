@@ -11,25 +11,8 @@
 #   RUSTY_BIN=target/release/rusty-bench PG_CONCURRENCY=25 bench/profile.sh   # rusty-sidekiq instead
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  cargo build --release --example bench_worker
-fi
-bin="${PG_BIN:-${CARGO_TARGET_DIR:-$root/target}/release/examples/bench_worker}"
-[ -x "$bin" ] || { echo "missing $bin" >&2; exit 1; }
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-[ "$port" != 6379 ] || { echo "refusing port 6379" >&2; exit 1; }
-out="${OUT_DIR:-$(mktemp -d /tmp/playguard-profile.XXXXXX)}"
-wrap=()
-[ -z "${REDIS_CALLGRIND:-}" ] || wrap=(valgrind --tool=callgrind "--callgrind-out-file=$out/redis.callgrind.%p")
-"${wrap[@]}" redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-  >"$out/redis.log" 2>&1 &
-redis_pid=$!
-trap 'kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 200); do
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.05
-done
-REDIS_URL="redis://127.0.0.1:$port/0" PG_BIN="$bin" OUT_DIR="$out" REDIS_PID="$redis_pid" \
+redis_wrap=()
+[ -z "${REDIS_CALLGRIND:-}" ] || redis_wrap=(valgrind --tool=callgrind "--callgrind-out-file=@OUT@/redis.callgrind.%p")
+source "$here/lib.sh" profile
+REDIS_URL="redis://127.0.0.1:$port/0" PG_BIN="$bin" OUT_DIR="$out" \
   timeout 1200 ruby "$here/profile.rb"

@@ -8,31 +8,13 @@
 #   BENCH_JOBS=50000 ROUNDS=5 BENCH_KINDS=reliable-quiet,rusty-quiet bench/run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
-cd "$root"
-target="${CARGO_TARGET_DIR:-$root/target}"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  cargo build --release --example bench_worker
-  # rusty-sidekiq from crates.io, in a crate of its own (not part of playguard's build).
-  cargo build --release --manifest-path "$here/rusty/Cargo.toml" --target-dir "$target"
-fi
-bin="${PG_BIN:-$target/release/examples/bench_worker}"
+redis_wrap=()
+source "$here/lib.sh" bench
+# rusty-sidekiq from crates.io, in a crate of its own (not part of playguard's build).
+target="${CARGO_TARGET_DIR:-$bench_root/target}"
+[ -n "${SKIP_BUILD:-}" ] || cargo build --release --manifest-path "$here/rusty/Cargo.toml" --target-dir "$target"
 rusty="${RUSTY_BIN:-$target/release/rusty-bench}"
-[ -x "$bin" ] || { echo "missing $bin" >&2; exit 1; }
 [ -x "$rusty" ] || { echo "missing $rusty" >&2; exit 1; }
-
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-[ "$port" != 6379 ] || { echo "refusing port 6379" >&2; exit 1; }
-out="$(mktemp -d /tmp/playguard-bench.XXXXXX)"
-redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
-  >"$out/redis.log" 2>&1 &
-redis_pid=$!
-trap 'kill "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true' EXIT
-for _ in $(seq 1 200); do
-  redis-cli -p "$port" ping >/dev/null 2>&1 && break
-  sleep 0.05
-done
-redis-cli -p "$port" ping >/dev/null
 
 echo "redis-server $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/') on 127.0.0.1:$port, logs in $out" >&2
 load="$(cut -d' ' -f1 /proc/loadavg)"

@@ -3,31 +3,13 @@
 # scale.sh started, and prints both and their ratio. CPU figures are CPU time (worker: user +
 # system of the process and its reaped children, from /proc; Redis: used_cpu_sys + user), so
 # they move less with machine load than wall-clock rates do. Every wait has a deadline.
-require 'sidekiq'
-require 'redis'
-require 'json'
-require 'tmpdir'
+require_relative 'common'
 require 'fileutils'
 
-URL = ENV.fetch('REDIS_URL')
 BIN = ENV.fetch('PG_BIN')
 OUT = ENV.fetch('OUT_DIR')
 M = Integer(ENV.fetch('SCALE_JOBS', '20000'))
 CLK_TCK = Integer(`getconf CLK_TCK`.strip) rescue 100
-Sidekiq.configure_client { |c| c.redis = { url: URL } }
-Sidekiq.logger.level = Logger::WARN
-Redis.sadd_returns_boolean = false if Redis.respond_to?(:sadd_returns_boolean=)
-R = Redis.new(url: URL, timeout: 30)
-
-def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-def wait_for(what, secs, pause = 0.001)
-  deadline = now + secs
-  until yield
-    raise "timed out after #{secs}s waiting for #{what}" if now > deadline
-    sleep pause
-  end
-end
 
 # CPU seconds of a process: its live threads' run time in ns (schedstat: finer than the
 # 10 ms ticks of /proc/<pid>/stat), plus its reaped children.
@@ -42,15 +24,6 @@ end
 def tree_cpu(pid)
   kids = Dir["/proc/#{pid}/task/*/children"].flat_map { |f| File.read(f).split.map(&:to_i) rescue [] }
   proc_cpu(pid) + kids.sum { |k| tree_cpu(k) rescue 0 }
-end
-
-def redis_cpu
-  i = R.info(:cpu)
-  i['used_cpu_sys'].to_f + i['used_cpu_user'].to_f
-end
-
-def calls(field = 'calls')
-  R.info(:commandstats).to_h { |cmd, v| [cmd, v.is_a?(Hash) ? v[field].to_f : v[/#{field}=([\d.]+)/, 1].to_f] }
 end
 
 def spawn_worker(args, tag, dir: OUT, log: 'warn')
@@ -180,8 +153,8 @@ if want.('schedule')
     r0 = redis_cpu
     sleep secs
     cpu = redis_cpu - r0
-    polls = calls.fetch('zrange', 0) / 2.0 # one ZRANGE for retry, one for schedule
-    zrange_us = calls('usec').fetch('zrange', 0) / [polls, 1].max
+    polls = commandstats.fetch('zrange', 0) / 2.0 # one ZRANGE for retry, one for schedule
+    zrange_us = commandstats('usec').fetch('zrange', 0) / [polls, 1].max
     stop(pid)
     { redis_us_s: cpu * 1e6 / secs, zrange_us: zrange_us }
   end
@@ -218,7 +191,7 @@ if want.('idle')
     r0 = redis_cpu
     sleep secs
     cpu = redis_cpu - r0
-    n = calls.reject { |c, _| %w[config info].include?(c) }.values.sum
+    n = commandstats.reject { |c, _| %w[config info].include?(c) }.values.sum
     pids.each { stop(_1) }
     { cmds: n / secs / np, redis_us: (cpu * 1e6 / secs - alone) / np }
   end
