@@ -133,8 +133,20 @@ pub async fn sweep_all(worker: &Worker) -> redis::RedisResult<i64> {
         .arg(FETCHERS_KEY)
         .query_async(&mut conn)
         .await?;
+    // Which of them are alive, in one round trip: a live process is left alone here rather
+    // than having its lock record read and the recovery script run only to find it alive
+    // (both scripts still check, atomically, for the ones that look dead now).
+    let mut pipe = redis::pipe();
+    for (identity, _) in &fetchers {
+        pipe.exists(alive_key(identity));
+    }
+    let alive: Vec<bool> = if fetchers.is_empty() {
+        Vec::new()
+    } else {
+        pipe.query_async(&mut conn).await?
+    };
     let mut total = 0;
-    for (identity, queues) in fetchers {
+    for ((identity, queues), alive) in fetchers.into_iter().zip(alive) {
         if identity == worker.identity {
             continue;
         }
@@ -153,6 +165,9 @@ pub async fn sweep_all(worker: &Worker) -> redis::RedisResult<i64> {
         }
         let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
         let force = local_pid_gone(&identity, ns);
+        if alive && !force {
+            continue;
+        }
         // Locks first: a job recovered before its lock is free would be skipped and acked.
         release_locks_of(worker, &identity, force).await?;
         let now = crate::payload::now_f64();

@@ -69,21 +69,13 @@ fn demo_phases_refuse_marquee_ids_that_are_not_plain_identifiers() {
         .env("PLAYGUARD_DEMO_DIR", &demo)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let out = Command::new(bin.join("pull-images"))
         .env("PLAYGUARD_ARGS", "[7]")
         .env("PLAYGUARD_DEMO_DIR", &demo)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
 }
 
 fn dead_raw(redis: &RedisServer) -> Vec<Vec<u8>> {

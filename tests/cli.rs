@@ -16,11 +16,7 @@ fn check_accepts_the_shipped_manifests() {
         .current_dir(project_dir())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok: 1 job class"));
 }
 
@@ -274,11 +270,7 @@ fn a_user_denied_info_still_runs() {
         .current_dir(p.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("Redis unknown"));
     // And the worker runs jobs and stops cleanly (CLIENT UNBLOCK is denied too: the blocked
     // pops then end by their own 2 s timeout).
@@ -316,11 +308,7 @@ fn enqueue_arguments_are_json_or_bare_words() {
         ])
         .output()
         .unwrap();
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
+    assert_success(&ok);
     let job: String = redis::cmd("LINDEX")
         .arg("queue:default")
         .arg(0)

@@ -331,11 +331,7 @@ fn a_cut_off_host_stops_in_time_its_late_write_is_refused_and_it_starts_nothing_
             .args(args)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
     };
 
     // Host A takes the slow plain job and Marquee 1, and enters phase b (its write phase).

@@ -111,11 +111,7 @@ fn tls_acl_and_database_number() {
         .env("PLAYGUARD_REDIS_CA", &ca)
         .output()
         .unwrap();
-    assert!(
-        enq.status.success(),
-        "{}",
-        String::from_utf8_lossy(&enq.stderr)
-    );
+    assert_success(&enq);
     let mut w = Command::new(bin())
         .args(["run", "-r", &url])
         .env("PLAYGUARD_REDIS_CA", &ca)
@@ -144,11 +140,7 @@ fn tls_acl_and_database_number() {
         .current_dir(p.path())
         .output()
         .unwrap();
-    assert!(
-        insecure.status.success(),
-        "{}",
-        String::from_utf8_lossy(&insecure.stderr)
-    );
+    assert_success(&insecure);
     // A wrong password is a clear error.
     let bad = Command::new(bin())
         .args([

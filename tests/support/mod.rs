@@ -136,6 +136,15 @@ impl Drop for RedisServer {
     }
 }
 
+/// A finished command exited 0; its stderr is the failure message otherwise.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 pub fn signal(pid: i32, sig: &str) {
     let _ = Command::new("kill")
         .args([format!("-{sig}"), pid.to_string()])
