@@ -46,7 +46,7 @@ pub fn add_push(pipe: &mut redis::Pipeline, job: &NewJob, now: f64) -> String {
         _ => {
             pipe.sadd("queues", &job.queue)
                 .ignore()
-                .lpush(format!("queue:{}", job.queue), payload)
+                .lpush(crate::queues::queue_key(&job.queue), payload)
                 .ignore();
         }
     }

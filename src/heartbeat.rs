@@ -148,7 +148,7 @@ pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Option<Stri
     // the signal.
     let queues = worker.config.queues.names();
     for q in &queues {
-        pipe.lindex(format!("queue:{q}"), -1);
+        pipe.lindex(crate::queues::queue_key(q), -1);
     }
     pipe.rpop(format!("{id}-signals"), None);
     // Bytes: a non-UTF-8 job at a queue's tail must not fail the whole beat.

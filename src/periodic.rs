@@ -95,7 +95,7 @@ pub async fn fire(
     let mut inv = SCRIPT.prepare_invoke();
     inv.key(fingerprint_key(&spec.name, tick))
         .key("queues")
-        .key(format!("queue:{}", spec.queue))
+        .key(crate::queues::queue_key(&spec.queue))
         .arg(identity)
         .arg(fingerprint_ttl(spec.every_secs))
         .arg(&spec.queue);
