@@ -173,7 +173,7 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
         Outcome::Done => {
             worker.slots.count(false);
             tracing::info!(elapsed_ms = ms, "done");
-            worker.fetch.acknowledge(&f);
+            worker.fetch.acknowledge(f);
         }
         Outcome::Failed(failure) => {
             worker.slots.count(true);

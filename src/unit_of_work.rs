@@ -11,6 +11,8 @@ pub struct UnitOfWork {
     /// The liveness lapse count when the fetch was sent: a job whose process lapsed since may
     /// already have been recovered by another process (see `liveness.rs`).
     pub epoch: u64,
+    /// Reliable fetch: its place in the working list's order (see `working_order.rs`).
+    pub seq: u64,
 }
 
 impl UnitOfWork {

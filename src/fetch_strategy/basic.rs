@@ -57,6 +57,7 @@ impl BasicFetch {
                     queue: order[*i].to_string(),
                     raw,
                     epoch,
+                    seq: 0,
                 });
             }
         }

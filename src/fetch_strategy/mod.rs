@@ -9,6 +9,7 @@
 mod acks;
 mod basic;
 mod reliable;
+mod working_order;
 
 pub use reliable::working_key;
 
@@ -128,19 +129,25 @@ impl FetchStrategy {
         epoch: u64,
     ) -> redis::RedisResult<Option<UnitOfWork>> {
         Ok(match wait {
-            Wait::Queue(q) => {
-                redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| UnitOfWork {
+            Wait::Queue(q) => redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| {
+                let mut job = UnitOfWork {
                     queue: q.clone(),
                     raw,
                     epoch,
-                })
-            }
+                    seq: 0,
+                };
+                if let Mode::Reliable(r) = &self.mode {
+                    r.delivered(&mut job);
+                }
+                job
+            }),
             Wait::AllQueues => {
                 redis::from_redis_value::<Option<(String, Vec<u8>)>>(reply)?.map(|(k, raw)| {
                     UnitOfWork {
                         queue: k.strip_prefix("queue:").unwrap_or(&k).to_string(),
                         raw,
                         epoch,
+                        seq: 0,
                     }
                 })
             }
@@ -154,7 +161,7 @@ impl FetchStrategy {
     }
 
     /// A job finished: acknowledge it (batched, off the job's path).
-    pub fn acknowledge(&self, job: &UnitOfWork) {
+    pub fn acknowledge(&self, job: UnitOfWork) {
         if let Mode::Reliable(r) = &self.mode {
             r.acknowledge(job);
         }
@@ -176,6 +183,9 @@ impl FetchStrategy {
         let mut conn = self.conn.clone();
         loop {
             let Err(e) = pipe.query_async::<()>(&mut conn).await else {
+                if let Mode::Reliable(r) = &self.mode {
+                    r.gone(job);
+                }
                 return;
             };
             if self.shutdown.past_deadline() {
@@ -194,7 +204,12 @@ impl FetchStrategy {
     /// orphan sweep had already returned it), nothing pushed.
     pub async fn requeue(&self, job: &UnitOfWork) -> redis::RedisResult<bool> {
         match &self.mode {
-            Mode::Reliable(r) => r.requeue(job).await,
+            Mode::Reliable(r) => {
+                let pushed = r.requeue(job).await?;
+                // Pushed back, or returned by the sweep already: out of our list either way.
+                r.gone(job);
+                Ok(pushed)
+            }
             Mode::Basic(b) => b.requeue(job).await,
         }
     }

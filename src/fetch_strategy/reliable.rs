@@ -1,7 +1,8 @@
 //! Reliable fetch: a job is never only in memory. `lua/fetch.lua` moves up to N jobs from
 //! `queue:<q>` into `playguard:working:<identity>:<q>` (refusing while our
-//! `playguard:alive:<identity>` is missing), idle waits use BLMOVE into the same lists, an
-//! acknowledgement is an LREM from them (batched, see `acks.rs`), a requeue moves one job back
+//! `playguard:alive:<identity>` is missing), idle waits use BLMOVE into the same lists, the
+//! acknowledgements remove finished jobs from them in batches (`acks.rs`, in the lists' order
+//! as `working_order.rs` pictures it), a requeue moves one job back
 //! (`lua/requeue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
 //! process leaves in its lists the orphan sweep (`sweeper.rs`) returns.
 
@@ -36,7 +37,7 @@ impl ReliableFetch {
     pub fn start(identity: &str, conn: Conn) -> ReliableFetch {
         ReliableFetch {
             identity: identity.to_string(),
-            acks: Acks::start(conn.clone()),
+            acks: Acks::start(conn.clone(), identity),
             conn,
         }
     }
@@ -67,6 +68,7 @@ impl ReliableFetch {
             inv.key(crate::liveness::alive_key(&self.identity));
             inv.arg(want);
             let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+            let from = out.len();
             out.reserve(flat.len() / 2);
             let mut it = flat.into_iter();
             while let (Some(idx), Some(job)) = (it.next(), it.next()) {
@@ -80,7 +82,18 @@ impl ReliableFetch {
                     queue: chunk[i - 1].to_string(),
                     raw,
                     epoch,
+                    seq: 0,
                 });
+            }
+            // The script returns each queue's jobs oldest first, as it pushed them.
+            let mut rest = &mut out[from..];
+            while let Some(first) = rest.first() {
+                let run = rest.iter().take_while(|j| j.queue == first.queue).count();
+                let seq = self.acks.fetched(&first.queue, run);
+                for (k, j) in rest[..run].iter_mut().enumerate() {
+                    j.seq = seq + k as u64;
+                }
+                rest = &mut rest[run..];
             }
         }
         Ok(out)
@@ -97,9 +110,19 @@ impl ReliableFetch {
         c
     }
 
+    /// A blocking move delivered this job into our working list.
+    pub fn delivered(&self, job: &mut UnitOfWork) {
+        job.seq = self.acks.fetched(&job.queue, 1);
+    }
+
     /// Queue the acknowledgement of a finished job (sent in a batch, off the job's path).
-    pub fn acknowledge(&self, job: &UnitOfWork) {
-        self.acks.ack(self.working_key(&job.queue), job.raw.clone());
+    pub fn acknowledge(&self, job: UnitOfWork) {
+        self.acks.ack(job);
+    }
+
+    /// The job left our working list another way (settled or pushed back), as Redis confirmed.
+    pub fn gone(&self, job: &UnitOfWork) {
+        self.acks.gone(job);
     }
 
     /// Add the acknowledgement to a pipeline that records the job's outcome with it.
@@ -156,6 +179,9 @@ impl ReliableFetch {
                 "{key} is not a list: its jobs stay in our working list, for the orphan sweep"
             );
         }
+        // Whatever we pictured in the lists has gone back to the queues (a list skipped for
+        // its queue key's type stays for the sweep; its jobs were not running either).
+        self.acks.drained();
         match reply.first() {
             Some(n) => Ok(redis::from_redis_value_ref(n)?),
             None => Ok(0),
