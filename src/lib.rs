@@ -64,6 +64,7 @@ mod fetch_strategy;
 mod guardian;
 mod heartbeat;
 mod identity;
+mod job_lines;
 mod job_metrics;
 mod ledger;
 mod liveness;

@@ -34,6 +34,18 @@ pub struct LineWriter(Arc<Shared>);
 
 impl Write for LineWriter {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        self.append(line);
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LineWriter {
+    /// Add one whole line (or several) to the buffer.
+    pub fn append(&self, line: &[u8]) {
         let mut st = self.0.state.lock().unwrap();
         while st.buf.len() > MAX_BUFFERED && !st.closed {
             st = self.0.drained.wait(st).unwrap();
@@ -44,11 +56,6 @@ impl Write for LineWriter {
         if was_empty {
             self.0.ready.notify_one();
         }
-        Ok(line.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

@@ -60,7 +60,7 @@ thread_local! {
     static SECOND: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((u64::MAX, String::new())) };
 }
 
-fn write_timestamp(w: &mut Writer<'_>) -> fmt::Result {
+pub(crate) fn write_timestamp(w: &mut impl fmt::Write) -> fmt::Result {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -234,6 +234,9 @@ impl Visit for TextVisitor<'_> {
 pub fn init(json: bool) -> crate::log_writer::Guard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = crate::log_writer::start(std::io::stdout());
+    if !json {
+        crate::job_lines::write_to(writer.clone());
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

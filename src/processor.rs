@@ -76,7 +76,8 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
         phase: None,
         started,
     }));
-    tracing::info!("start");
+    let lines = crate::job_lines::JobLines::new(job.jid(), &shown, &f.queue);
+    lines.start();
 
     let handler = worker.registry.get(&class);
     let known = handler.is_some();
@@ -172,7 +173,7 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
     match outcome {
         Outcome::Done => {
             worker.slots.count(false);
-            tracing::info!(elapsed_ms = ms, "done");
+            lines.done(ms);
             worker.fetch.acknowledge(f);
         }
         Outcome::Failed(failure) => {

@@ -1,0 +1,129 @@
+//! A job's `start` and `done` lines, the two lines every job logs at INFO (as Sidekiq's
+//! JobLogger does), written straight to the log writer in the text format, byte for byte the
+//! line tracing's formatter would write inside the job's span. Why: through tracing each such
+//! event is dispatched, its span scope looked up and its fields visited and formatted, which
+//! cost a quarter of a no-op job's instructions; here the span part is formatted once per job
+//! and each line is a timestamp plus two copies. With `--log-format json`, or when INFO is
+//! filtered out for the processor, the lines go through tracing as any other. Touches no
+//! Redis keys.
+
+use std::fmt::Write as _;
+
+static WRITER: std::sync::OnceLock<crate::log_writer::LineWriter> = std::sync::OnceLock::new();
+
+/// Text format on: job lines go to this writer directly.
+pub(crate) fn write_to(w: crate::log_writer::LineWriter) {
+    let _ = WRITER.set(w);
+}
+
+/// One job's context, formatted once: `playguard{pid=…}:job{jid=… class=… queue=…}: `.
+pub(crate) struct JobLines {
+    prefix: Option<String>,
+}
+
+impl JobLines {
+    /// The span fields exactly as the job span records them (Display values).
+    pub fn new(jid: &str, class: &str, queue: &str) -> JobLines {
+        let direct = WRITER.get().is_some()
+            && tracing::enabled!(target: "playguard::processor", tracing::Level::INFO);
+        JobLines {
+            prefix: direct.then(|| prefix(std::process::id(), jid, class, queue)),
+        }
+    }
+
+    pub fn start(&self) {
+        match (&self.prefix, WRITER.get()) {
+            (Some(p), Some(w)) => write_line(|b| w.append(b), p, "start", None),
+            _ => tracing::info!(target: "playguard::processor", "start"),
+        }
+    }
+
+    pub fn done(&self, elapsed_ms: f64) {
+        match (&self.prefix, WRITER.get()) {
+            (Some(p), Some(w)) => write_line(|b| w.append(b), p, "done", Some(elapsed_ms)),
+            _ => tracing::info!(target: "playguard::processor", elapsed_ms, "done"),
+        }
+    }
+}
+
+fn prefix(pid: u32, jid: &str, class: &str, queue: &str) -> String {
+    format!("playguard{{pid={pid}}}:job{{jid={jid} class={class} queue={queue}}}: ")
+}
+
+thread_local! {
+    static LINE: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// One text line: timestamp, level, the job's prefix, the message and its field, as
+/// `logging::LineFormat::FastText` lays them out (an f64 field as its Debug).
+fn write_line(out: impl FnOnce(&[u8]), prefix: &str, msg: &str, elapsed_ms: Option<f64>) {
+    LINE.with(|l| {
+        let mut l = l.borrow_mut();
+        l.clear();
+        let _ = crate::logging::write_timestamp(&mut *l);
+        l.push_str("  INFO ");
+        l.push_str(prefix);
+        l.push_str(msg);
+        if let Some(ms) = elapsed_ms {
+            let _ = write!(l, " elapsed_ms={ms:?}");
+        }
+        l.push('\n');
+        out(l.as_bytes());
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The direct lines are the lines tracing's default formatter writes in the job span,
+    /// byte for byte after the timestamp.
+    #[test]
+    fn direct_lines_match_tracing_s_lines() {
+        let theirs = Buf::default();
+        let w = theirs.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_target(false)
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, || {
+            let root = tracing::info_span!("playguard", pid = 7);
+            let _r = root.enter();
+            let job = tracing::info_span!("job", jid = %"a1b2", class = %"Hard::Job", queue = %"q");
+            let _j = job.enter();
+            tracing::info!("start");
+            tracing::info!(elapsed_ms = 0.1, "done");
+            tracing::info!(elapsed_ms = 12.0, "done");
+        });
+        let ours = Buf::default();
+        let add = |b: &[u8]| ours.0.lock().unwrap().extend_from_slice(b);
+        let p = prefix(7, "a1b2", "Hard::Job", "q");
+        write_line(add, &p, "start", None);
+        write_line(add, &p, "done", Some(0.1));
+        write_line(add, &p, "done", Some(12.0));
+        let text = |b: &Buf| String::from_utf8(b.0.lock().unwrap().clone()).unwrap();
+        let (ours, theirs) = (text(&ours), text(&theirs));
+        assert_eq!(ours.lines().count(), 3, "{ours}");
+        for (a, b) in ours.lines().zip(theirs.lines()) {
+            let (ta, ra) = a.split_once(' ').unwrap();
+            let (tb, rb) = b.split_once(' ').unwrap();
+            assert_eq!(ra, rb);
+            assert_eq!(ta.len(), tb.len(), "{ta} vs {tb}");
+        }
+    }
+}
