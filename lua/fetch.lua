@@ -6,7 +6,9 @@
 -- KEYS[2n+1]    = playguard:alive:<identity>: nothing is fetched while it is missing (our
 --                 liveness lapsed, we may have been swept: wait until a heartbeat registers
 --                 us again, so no job lands in a working list no sweep would look at)
--- Returns a flat array {index, job, index, job, ...} (index = 1-based position in KEYS[1..n]).
+-- Returns {index, {job, ...}, index, {job, ...}, ...}: per queue that gave jobs its 1-based
+-- position in KEYS[1..n] and its jobs oldest first (one index per queue, not per job: the
+-- client parses fewer replies).
 local n = (#KEYS - 1) / 2
 local want = tonumber(ARGV[1])
 local out = {}
@@ -20,10 +22,8 @@ for i = 1, n do
   if jobs then
     -- Several values in one LPUSH leave the same order as one LPUSH each: oldest rightmost.
     redis.call('LPUSH', KEYS[n + i], unpack(jobs))
-    for _, job in ipairs(jobs) do
-      out[#out + 1] = i
-      out[#out + 1] = job
-    end
+    out[#out + 1] = i
+    out[#out + 1] = jobs
     want = want - #jobs
   end
 end

@@ -58,7 +58,7 @@ macro_rules! head_fields {
         impl Head {
             fn from_ref(h: HeadRef<'_>) -> Result<Head, serde_json::Error> {
                 Ok(Head {
-                    $($field: h.$field.map(|r| serde_json::from_str(r.get())).transpose()?,)*
+                    $($field: h.$field.map(|r| head_value(r.get())).transpose()?,)*
                 })
             }
 
@@ -71,15 +71,23 @@ macro_rules! head_fields {
     };
 }
 
-head_fields!(
-    class,
-    args,
-    jid,
-    wrapped,
-    display_class,
-    retry_count,
-    created_at
-);
+head_fields!(class, args, jid, wrapped, display_class, retry_count);
+
+/// One head field's value from its JSON text, which the borrowed parse has already checked
+/// is valid JSON. The common shapes skip serde: a string without escapes is exactly the text
+/// between its quotes (control characters would have failed that check), and `[]` is an empty
+/// array. Everything else is parsed.
+fn head_value(text: &str) -> Result<Value, serde_json::Error> {
+    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        if !inner.contains(['\\', '"']) {
+            return Ok(Value::String(inner.to_owned()));
+        }
+    }
+    if text == "[]" {
+        return Ok(Value::Array(Vec::new()));
+    }
+    serde_json::from_str(text)
+}
 
 /// A key that is there, even as `null`, is Some (as `Map::get` sees it).
 fn present<'de, D: serde::Deserializer<'de>>(
@@ -208,7 +216,9 @@ impl Job {
     /// Sidekiq 8 writes integer epoch milliseconds; <= 7 float seconds. We answer in the unit
     /// the job's own `created_at` uses.
     pub fn uses_millis(&self) -> bool {
-        matches!(&self.head.created_at, Some(Value::Number(n)) if n.is_i64() || n.is_u64())
+        // From the whole object: no run needs it, and a number costs the head parse more
+        // than all its other fields (arbitrary_precision keeps each one's spelling).
+        uses_millis(self.msg())
     }
 }
 
@@ -275,6 +285,7 @@ mod tests {
             r#"{"class":null,"args":"x"}"#,
             r#"{"class":"A\u00e9","jid":"j\"1","args":[{"k":1e400}],"retry_count":2}"#,
             r#"{"args":[]}"#,
+            r#"{"class":"Plain::Job","jid":"abc","args":[ ],"wrapped":"","display_class":"é x"}"#,
         ] {
             let job = Job::parse("q", raw.to_string()).unwrap();
             let full = match serde_json::from_str::<Value>(raw).unwrap() {

@@ -122,7 +122,10 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
                 Ok(o) => o,
                 Err(p) => Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
             };
+            // Biased, the job first: one that is done at its first poll (most are) never
+            // arms the deadline's and the lease's watchers (a timer and two subscriptions).
             tokio::select! {
+                biased;
                 r = &mut run => caught(r),
                 _ = worker.shutdown.hard_deadline() => {
                     match tokio::time::timeout(grace, &mut run).await {

@@ -424,7 +424,8 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
         .arg(4)
         .invoke(&mut c)
         .unwrap();
-    let got: Vec<(i64, String)> = got
+    // Per queue: its position in KEYS and its jobs, oldest first.
+    let got: Vec<(i64, Vec<String>)> = got
         .chunks(2)
         .map(|p| {
             (
@@ -433,10 +434,10 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
             )
         })
         .collect();
-    let want: Vec<(i64, String)> = [(1, "a0"), (1, "a1"), (1, "a2"), (2, "b0")]
-        .iter()
-        .map(|(i, j)| (*i, j.to_string()))
-        .collect();
+    let want: Vec<(i64, Vec<String>)> = vec![
+        (1, vec!["a0".into(), "a1".into(), "a2".into()]),
+        (2, vec!["b0".into()]),
+    ];
     assert_eq!(got, want);
     assert_eq!(calls(&redis, "lpush") - before, 2, "one LPUSH per queue");
     assert_eq!(working(&mut c, "w:a"), ["a2", "a1", "a0"]);

@@ -114,14 +114,22 @@ impl FetchLoop {
             // Boxed: the task then holds a pointer, not the whole processing state machine,
             // which tokio would otherwise copy each time it moves the task's stage.
             tokio::spawn(Box::pin(async move {
-                let slot = tokio::select! {
-                    biased;
-                    _ = worker.shutdown.quieted() => {
-                        worker.fetch.requeue_logged(&job).await;
-                        drop(credit);
-                        return;
+                // Quiet already: hand the job back. Otherwise the slot first, so a free one
+                // is taken without subscribing to the shutdown state; a runner still waiting
+                // for its slot at quiet hands its job back, never starting it.
+                let slot = if worker.shutdown.is_quiet() {
+                    None
+                } else {
+                    tokio::select! {
+                        biased;
+                        p = slots.acquire_owned() => Some(p.expect("semaphore never closed")),
+                        _ = worker.shutdown.quieted() => None,
                     }
-                    p = slots.acquire_owned() => p.expect("semaphore never closed"),
+                };
+                let Some(slot) = slot else {
+                    worker.fetch.requeue_logged(&job).await;
+                    drop(credit);
+                    return;
                 };
                 let started = std::time::Instant::now();
                 processor::process(&worker, job).await;

@@ -67,33 +67,33 @@ impl ReliableFetch {
             }
             inv.key(crate::liveness::alive_key(&self.identity));
             inv.arg(want);
-            let flat: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
-            let from = out.len();
-            out.reserve(flat.len() / 2);
-            let mut it = flat.into_iter();
-            while let (Some(idx), Some(job)) = (it.next(), it.next()) {
+            let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+            let mut it = reply.into_iter();
+            while let (Some(idx), Some(jobs)) = (it.next(), it.next()) {
                 let i: usize = redis::from_redis_value_ref(&idx)?;
-                // The reply's own buffer becomes the job's bytes: no copy per job.
-                let raw: Vec<u8> = match job {
-                    redis::Value::BulkString(b) => b,
-                    other => redis::from_redis_value_ref(&other)?,
+                let redis::Value::Array(jobs) = jobs else {
+                    return Err(redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "fetch script: a queue's jobs are not an array",
+                    )));
                 };
-                out.push(UnitOfWork {
-                    queue: chunk[i - 1].to_string(),
-                    raw,
-                    epoch,
-                    seq: 0,
-                });
-            }
-            // The script returns each queue's jobs oldest first, as it pushed them.
-            let mut rest = &mut out[from..];
-            while let Some(first) = rest.first() {
-                let run = rest.iter().take_while(|j| j.queue == first.queue).count();
-                let seq = self.acks.fetched(&first.queue, run);
-                for (k, j) in rest[..run].iter_mut().enumerate() {
-                    j.seq = seq + k as u64;
+                let queue = chunk[i - 1];
+                // Oldest first, as the script pushed them: their order in the working list.
+                let seq = self.acks.fetched(queue, jobs.len());
+                out.reserve(jobs.len());
+                for (k, job) in jobs.into_iter().enumerate() {
+                    // The reply's own buffer becomes the job's bytes: no copy per job.
+                    let raw: Vec<u8> = match job {
+                        redis::Value::BulkString(b) => b,
+                        other => redis::from_redis_value_ref(&other)?,
+                    };
+                    out.push(UnitOfWork {
+                        queue: queue.to_string(),
+                        raw,
+                        epoch,
+                        seq: seq + k as u64,
+                    });
                 }
-                rest = &mut rest[run..];
             }
         }
         Ok(out)
