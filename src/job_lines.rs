@@ -22,13 +22,22 @@ pub(crate) struct JobLines {
 }
 
 impl JobLines {
-    /// The span fields exactly as the job span records them (Display values).
-    pub fn new(jid: &str, class: &str, queue: &str) -> JobLines {
-        let direct = WRITER.get().is_some()
-            && tracing::enabled!(target: "playguard::processor", tracing::Level::INFO);
-        JobLines {
-            prefix: direct.then(|| prefix(std::process::id(), jid, class, queue)),
+    /// The job's span (under the root span) and its lines. In the text format the span holds
+    /// its three fields as one text field, written as is (`logging::JOB_FIELDS`), formatted
+    /// here once for both; JSON keeps them as three fields.
+    pub fn open(jid: &str, class: &str, queue: &str) -> (tracing::Span, JobLines) {
+        let root = crate::logging::root();
+        if WRITER.get().is_none() {
+            let span = tracing::info_span!(parent: root, "job", jid = %jid, class = %class, queue = %queue);
+            return (span, JobLines { prefix: None });
         }
+        let fields = fields(jid, class, queue);
+        let span = tracing::info_span!(parent: root, "job", playguard_job_fields = %fields);
+        let direct = tracing::enabled!(target: "playguard::processor", tracing::Level::INFO);
+        let lines = JobLines {
+            prefix: direct.then(|| prefix(std::process::id(), &fields)),
+        };
+        (span, lines)
     }
 
     pub fn start(&self) {
@@ -46,8 +55,12 @@ impl JobLines {
     }
 }
 
-fn prefix(pid: u32, jid: &str, class: &str, queue: &str) -> String {
-    format!("playguard{{pid={pid}}}:job{{jid={jid} class={class} queue={queue}}}: ")
+fn fields(jid: &str, class: &str, queue: &str) -> String {
+    format!("jid={jid} class={class} queue={queue}")
+}
+
+fn prefix(pid: u32, fields: &str) -> String {
+    format!("playguard{{pid={pid}}}:job{{{fields}}}: ")
 }
 
 thread_local! {
@@ -112,7 +125,7 @@ mod tests {
         });
         let ours = Buf::default();
         let add = |b: &[u8]| ours.0.lock().unwrap().extend_from_slice(b);
-        let p = prefix(7, "a1b2", "Hard::Job", "q");
+        let p = prefix(7, &fields("a1b2", "Hard::Job", "q"));
         write_line(add, &p, "start", None);
         write_line(add, &p, "done", Some(0.1));
         write_line(add, &p, "done", Some(12.0));

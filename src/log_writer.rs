@@ -1,7 +1,8 @@
 //! Where log lines go: appended to one shared buffer, which a writer thread hands to stdout in
-//! large writes. A line costs a lock and a copy; the writer is woken only when the buffer goes
-//! from empty to not empty, so under load one wake-up and one write carry many lines, and an
-//! idle process still shows each line at once. (tracing-appender's non-blocking writer, used
+//! large writes. A line costs a lock and a copy; the writer is woken only when it sleeps for
+//! want of lines, and after each write it lets `GATHER` pass before it looks again, so under
+//! load one write carries a millisecond of lines and no logger makes a system call, while an
+//! idle process still shows its next line at once. (tracing-appender's non-blocking writer, used
 //! before, allocated and sent one message per line and woke its thread for most of them:
 //! a third of a job's cost at INFO.) Not lossy: past `MAX_BUFFERED` a logger waits for the
 //! writer. Touches no Redis keys.
@@ -12,11 +13,16 @@ use std::sync::{Arc, Condvar, Mutex};
 /// Past this many bytes waiting, loggers wait for the writer rather than grow the buffer.
 const MAX_BUFFERED: usize = 4 << 20;
 
+/// How long the writer lets lines gather after a write.
+const GATHER: std::time::Duration = std::time::Duration::from_millis(1);
+
 #[derive(Default)]
 struct State {
     buf: Vec<u8>,
     /// No more lines: the writer drains what is left and ends.
     closed: bool,
+    /// The writer waits for a line (the next logger wakes it).
+    parked: bool,
 }
 
 #[derive(Default)]
@@ -50,10 +56,10 @@ impl LineWriter {
         while st.buf.len() > MAX_BUFFERED && !st.closed {
             st = self.0.drained.wait(st).unwrap();
         }
-        let was_empty = st.buf.is_empty();
         st.buf.extend_from_slice(line);
+        let wake = std::mem::take(&mut st.parked);
         drop(st);
-        if was_empty {
+        if wake {
             self.0.ready.notify_one();
         }
     }
@@ -95,8 +101,10 @@ pub fn start(mut out: impl Write + Send + 'static) -> (LineWriter, Guard) {
                 let closed = {
                     let mut st = s.state.lock().unwrap();
                     while st.buf.is_empty() && !st.closed {
+                        st.parked = true;
                         st = s.ready.wait(st).unwrap();
                     }
+                    st.parked = false;
                     std::mem::swap(&mut st.buf, &mut spare);
                     st.closed
                 };
@@ -107,6 +115,9 @@ pub fn start(mut out: impl Write + Send + 'static) -> (LineWriter, Guard) {
                 spare.clear();
                 if closed && s.state.lock().unwrap().buf.is_empty() {
                     return;
+                }
+                if !closed {
+                    std::thread::sleep(GATHER);
                 }
             }
         })

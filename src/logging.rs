@@ -220,7 +220,7 @@ impl Visit for TextVisitor<'_> {
         let name = f.name();
         self.result = (|| {
             w.write_str(pad)?;
-            if name != "message" {
+            if name != "message" && name != JOB_FIELDS {
                 w.write_str(name.strip_prefix("r#").unwrap_or(name))?;
                 w.write_char('=')?;
             }
@@ -228,6 +228,10 @@ impl Visit for TextVisitor<'_> {
         })();
     }
 }
+
+/// A span field written as is, without `name=` (the job span's fields, formatted once by
+/// `job_lines.rs` in the text format).
+pub(crate) const JOB_FIELDS: &str = "playguard_job_fields";
 
 /// Install the subscriber. Keep the returned guard alive until exit: dropping it flushes the
 /// lines still buffered for the writer thread.
@@ -301,6 +305,48 @@ mod tests {
         let phase = tracing::info_span!("phase", phase = "one");
         let _p = phase.enter();
         tracing::info!(stream = "stdout", "working \"quoted\"");
+    }
+
+    /// The job span with its fields as one text field (`JOB_FIELDS`) writes the same lines
+    /// as the span with the three fields.
+    #[test]
+    fn one_text_field_job_span_reads_as_three_fields() {
+        let run = |one: bool| {
+            let buf = Buf::default();
+            let w = buf.clone();
+            let sub = tracing_subscriber::fmt()
+                .with_target(false)
+                .with_ansi(false)
+                .fmt_fields(FastFields)
+                .event_format(LineFormat::FastText)
+                .with_writer(move || w.clone())
+                .finish();
+            tracing::subscriber::with_default(sub, || {
+                let root = tracing::info_span!("playguard", pid = 7);
+                let _r = root.enter();
+                let job = if one {
+                    tracing::info_span!("job", playguard_job_fields = %"jid=a1 class=A::B queue=q")
+                } else {
+                    tracing::info_span!("job", jid = %"a1", class = %"A::B", queue = %"q")
+                };
+                let _j = job.enter();
+                tracing::warn!(error = "x", "fail");
+                let phase = tracing::info_span!("phase", phase = "one");
+                let _p = phase.enter();
+                tracing::info!("out");
+            });
+            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            text.lines()
+                .map(|l| l.split_once(' ').unwrap().1.to_string())
+                .collect::<Vec<_>>()
+        };
+        let (one, three) = (run(true), run(false));
+        assert_eq!(one.len(), 2);
+        assert_eq!(one, three);
+        assert!(
+            one[1].contains("job{jid=a1 class=A::B queue=q}:phase{phase=\"one\"}: out"),
+            "{one:?}"
+        );
     }
 
     /// The text lines are tracing-subscriber's default layout, byte for byte after the time.

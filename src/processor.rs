@@ -46,12 +46,11 @@ pub async fn process(worker: &Arc<Worker>, f: UnitOfWork) {
             .instrument(crate::logging::root().clone())
             .await;
     }
-    let span = tracing::info_span!(parent: crate::logging::root(), "job",
-        jid = %job.jid(), class = %job.display_class(), queue = %f.queue);
-    run_job(worker, f, job).instrument(span).await
+    let (span, lines) = crate::job_lines::JobLines::open(job.jid(), job.display_class(), &f.queue);
+    run_job(worker, f, job, lines).instrument(span).await
 }
 
-async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
+async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::job_lines::JobLines) {
     let lease = crate::liveness::JobLease {
         liveness: worker.liveness.clone(),
         epoch: f.epoch,
@@ -76,7 +75,6 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job) {
         phase: None,
         started,
     }));
-    let lines = crate::job_lines::JobLines::new(job.jid(), &shown, &f.queue);
     lines.start();
 
     let handler = worker.registry.get(&class);
