@@ -9,7 +9,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr};
 use nix::unistd::Pid;
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -222,7 +222,7 @@ impl Conn {
         self: &Arc<Conn>,
         prog: &OsStr,
         argv: &[String],
-        env: &[(OsString, OsString)],
+        env: &[(&OsStr, &OsStr)],
         budget: Option<u64>,
         fds: Vec<OwnedFd>,
     ) -> Result<(Handle, tokio::sync::mpsc::UnboundedReceiver<Event>), ()> {
@@ -246,7 +246,14 @@ impl Conn {
             conn: self.clone(),
             id,
         };
-        let mut f = Frame::new(b'S')
+        let size = 64
+            + prog.len()
+            + argv.iter().map(|a| a.len() + 4).sum::<usize>()
+            + env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>();
+        let mut f = Frame::with_capacity(b'S', size)
             .u64(id)
             .u64(budget.unwrap_or(0))
             .bytes(prog.as_bytes())
