@@ -269,6 +269,15 @@ rescue Errno::ENOENT
   [0.0, 0.0]
 end
 
+# Context switches (voluntary + involuntary) of a process's live threads: each is a wakeup.
+def ctx_switches(pid)
+  Dir["/proc/#{pid}/task/*/status"].sum do |f|
+    File.read(f).scan(/^(?:non)?voluntary_ctxt_switches:\s+(\d+)/).flatten.sum(&:to_i)
+  rescue Errno::ENOENT
+    0
+  end
+end
+
 if want.('reconcile')
   n = Integer(ENV.fetch('CYCLES', '2000'))
   phase_counts = ENV.fetch('RECONCILE_PHASES', '1,6').split(',').map { Integer(_1) }
@@ -298,6 +307,7 @@ if want.('reconcile')
     rc0 = redis_cpu
     cs0 = commandstats
     m0 = machine_ticks
+    x0 = [ctx_switches(pid), ctx_switches(gpid)]
     b0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     t0 = now
     wait_for("#{n} cycles", 600, 0.005) { R.eval(LEFT, keys: ['queue:marquee']).zero? }
@@ -308,6 +318,7 @@ if want.('reconcile')
     rc1 = redis_cpu
     cs1 = commandstats
     m1 = machine_ticks
+    x1 = [ctx_switches(pid), ctx_switches(gpid)]
     b1 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     res = { rate: n / secs, cpu_ms: (c1 - c0) * 1000 / n, cpu_ms_phase: (c1 - c0) * 1000 / n / phases }
     warn format('   %d phase(s): %.0f cycles/s, %.2f CPU ms per cycle (worker + guardian + commands; the worker alone %.2f)',
@@ -319,6 +330,7 @@ if want.('reconcile')
     calls = cs1.keys.to_h { |k| [k, cs1[k] - cs0.fetch(k, 0)] }.select { |_, v| v.positive? }
     warn '     Redis calls per cycle (the driver\'s polling EVAL included): ' +
          calls.sort_by { -_2 }.map { |k, v| format('%s %.2f', k.delete_prefix('cmdstat_'), v / n) }.join(', ')
+    warn format('     context switches per cycle: worker %.1f, guardian %.1f', (x1[0] - x0[0]).to_f / n, (x1[1] - x0[1]).to_f / n)
     busy = m1[0] - m0[0]
     warn format('     machine: %.0f%% of %d cores busy over the run (everyone, not only this bench), load %s',
                 100.0 * busy / (m1[1] - m0[1]), Etc.nprocessors, File.read('/proc/loadavg').split.first)

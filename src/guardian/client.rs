@@ -39,9 +39,19 @@ struct Table {
     entries: HashMap<u64, Entry>,
 }
 
+/// Frames to the guardian: sent at once by the caller when the socket takes them, else
+/// queued for the sending thread (which may block), in order.
+struct Out {
+    sock: Arc<UnixStream>,
+    tx: mpsc::Sender<(Vec<u8>, Vec<OwnedFd>)>,
+    /// Frames handed to the thread and not yet fully sent: while any are, later frames
+    /// queue behind them.
+    queued: usize,
+}
+
 /// One running guardian, seen from the worker.
 pub(crate) struct Conn {
-    out: Mutex<mpsc::Sender<(Vec<u8>, Vec<OwnedFd>)>>,
+    out: Mutex<Out>,
     table: Mutex<Table>,
     next: AtomicU64,
     dead: AtomicBool,
@@ -92,7 +102,11 @@ fn start() -> std::io::Result<Arc<Conn>> {
     let sock = Arc::new(UnixStream::from(ours));
     let (tx, rx) = mpsc::channel::<(Vec<u8>, Vec<OwnedFd>)>();
     let conn = Arc::new(Conn {
-        out: Mutex::new(tx),
+        out: Mutex::new(Out {
+            sock: sock.clone(),
+            tx,
+            queued: 0,
+        }),
         table: Mutex::new(Table {
             dead: false,
             entries: HashMap::new(),
@@ -107,11 +121,12 @@ fn start() -> std::io::Result<Arc<Conn>> {
         .name("playguard-guardian-out".into())
         .spawn(move || {
             for (bytes, fds) in rx {
-                if send_frame(&w, &bytes, &fds).is_err() {
+                let sent = send_frame(&w, &bytes, &fds);
+                let Some(c) = wc.upgrade() else { break };
+                c.out.lock().unwrap().queued -= 1;
+                if sent.is_err() {
                     // The reader sees the same end as EOF and fails everything.
-                    if let Some(c) = wc.upgrade() {
-                        c.dead.store(true, Ordering::Release);
-                    }
+                    c.dead.store(true, Ordering::Release);
                     let _ = w.shutdown(std::net::Shutdown::Both);
                     break;
                 }
@@ -122,6 +137,51 @@ fn start() -> std::io::Result<Arc<Conn>> {
         .name("playguard-guardian-in".into())
         .spawn(move || read_replies(&sock, &rc, child))?;
     Ok(conn)
+}
+
+impl Conn {
+    /// Send one frame, in order with every frame before it: directly when nothing is queued
+    /// and the socket takes it now (the common case: no thread to wake per command), else
+    /// through the sending thread. Err: the thread is gone (so is the guardian).
+    fn send(&self, bytes: Vec<u8>, fds: Vec<OwnedFd>) -> Result<(), ()> {
+        let mut out = self.out.lock().unwrap();
+        if out.queued == 0 {
+            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            let cmsg = [ControlMessage::ScmRights(&raw)];
+            let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+            let sent = loop {
+                match nix::sys::socket::sendmsg::<UnixAddr>(
+                    out.sock.as_raw_fd(),
+                    &[IoSlice::new(&bytes)],
+                    cmsgs,
+                    MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+                    None,
+                ) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    r => break r,
+                }
+            };
+            match sent {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                // The fds went with the first byte; the thread sends the rest.
+                Ok(n) => return queue(&mut out, bytes[n..].to_vec(), Vec::new()),
+                Err(nix::errno::Errno::EAGAIN) => {}
+                Err(_) => {
+                    // As the thread does: the reader sees EOF and fails every command.
+                    self.dead.store(true, Ordering::Release);
+                    let _ = out.sock.shutdown(std::net::Shutdown::Both);
+                    return Ok(());
+                }
+            }
+        }
+        queue(&mut out, bytes, fds)
+    }
+}
+
+fn queue(out: &mut Out, bytes: Vec<u8>, fds: Vec<OwnedFd>) -> Result<(), ()> {
+    out.tx.send((bytes, fds)).map_err(|_| ())?;
+    out.queued += 1;
+    Ok(())
 }
 
 fn send_frame(sock: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
@@ -265,7 +325,7 @@ impl Conn {
         for (k, v) in env {
             f = f.bytes(k.as_bytes()).bytes(v.as_bytes());
         }
-        if self.out.lock().unwrap().send((f.done(), fds)).is_err() {
+        if self.send(f.done(), fds).is_err() {
             return Err(());
         }
         Ok((handle, rx))
@@ -276,7 +336,7 @@ impl Handle {
     /// Tell the guardian this command may run `budget` more seconds without hearing again.
     pub(crate) fn keepalive(&self, budget: u64) {
         let f = Frame::new(b'K').u64(self.id).u64(budget).done();
-        let _ = self.conn.out.lock().unwrap().send((f, Vec::new()));
+        let _ = self.conn.send(f, Vec::new());
     }
 }
 

@@ -235,9 +235,13 @@ impl Guardian {
         let argc = b.u64().ok_or_else(bad)?;
         // argv and envp as C strings in one buffer, straight from the frame: no per-string
         // allocation, no map (the worker sends each name once).
+        // The frame's argv starts with the program itself (argv[0] is set below).
         let mut args = CStrings::default();
-        for _ in 0..argc {
-            args.push(b.bytes().ok_or_else(bad)?)?;
+        for n in 0..argc {
+            let a = b.bytes().ok_or_else(bad)?;
+            if n > 0 {
+                args.push(a)?;
+            }
         }
         let envc = b.u64().ok_or_else(bad)?;
         // The rest of the body is the environment: its size bounds the buffer's.
