@@ -133,9 +133,18 @@ fn start() -> std::io::Result<Arc<Conn>> {
             }
         })?;
     let rc = conn.clone();
-    std::thread::Builder::new()
-        .name("playguard-guardian-in".into())
-        .spawn(move || read_replies(&sock, &rc, child))?;
+    match tokio::runtime::Handle::try_current() {
+        // On the runtime: a report wakes the task waiting for it, not a thread that then
+        // wakes the runtime (two context switches per report fewer).
+        Ok(rt) => {
+            rt.spawn(read_replies_async(sock, rc, child));
+        }
+        Err(_) => {
+            std::thread::Builder::new()
+                .name("playguard-guardian-in".into())
+                .spawn(move || read_replies(&sock, &rc, child))?;
+        }
+    }
     Ok(conn)
 }
 
@@ -216,43 +225,115 @@ fn read_replies(sock: &UnixStream, conn: &Conn, mut child: std::process::Child) 
             Ok(n) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
-        let ok = frames(&mut buf, |tag, mut b| {
-            let Some(id) = b.u64() else { return };
-            let mut t = conn.table.lock().unwrap();
-            match tag {
-                b's' => {
-                    let Some(pid) = b.i32() else { return };
-                    if let Some(e) = t.entries.get_mut(&id) {
-                        e.pid = Some(pid);
-                        if e.abandoned {
-                            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-                        }
-                        let _ = e.tx.send(Event::Started(pid));
-                    }
-                }
-                b'e' => {
-                    let errno = b.i32().unwrap_or(-1);
-                    let message = String::from_utf8_lossy(b.bytes().unwrap_or_default()).into();
-                    if let Some(e) = t.entries.remove(&id) {
-                        let _ = e.tx.send(Event::NotStarted { errno, message });
-                    }
-                }
-                b'x' => {
-                    let Some(st) = b.i32() else { return };
-                    if let Some(e) = t.entries.remove(&id) {
-                        let _ =
-                            e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
-                    }
-                }
-                _ => {}
-            }
-        });
-        if ok.is_err() {
+        if dispatch(conn, &mut buf).is_err() {
             break;
         }
     }
-    // The guardian is gone (or speaks nonsense): nobody watches these commands any more, so
-    // they die now, and their `run`s see the channel close (a spawn failure).
+    fail_all(conn);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `read_replies` as a task: readiness from the runtime's poller, reads with MSG_DONTWAIT.
+/// The socket itself stays blocking: O_NONBLOCK belongs to the open file, which the sending
+/// thread's blocking writes share. If the runtime goes first (its task is dropped), the
+/// commands die and the next `get` starts another guardian, as when this one dies.
+async fn read_replies_async(sock: Arc<UnixStream>, conn: Arc<Conn>, child: std::process::Child) {
+    struct Ends {
+        conn: Arc<Conn>,
+        child: Option<std::process::Child>,
+    }
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            fail_all(&self.conn);
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                // Reaped off the runtime: wait blocks.
+                let _ = std::thread::Builder::new()
+                    .name("playguard-guardian-reap".into())
+                    .spawn(move || c.wait());
+            }
+        }
+    }
+    let _ends = Ends {
+        conn: conn.clone(),
+        child: Some(child),
+    };
+    // SAFETY: the Arc'd stream owns the fd, and it stays open, the same file, while the
+    // AsyncFd holds that Arc.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE)
+    };
+    let Ok(afd) = registered else {
+        return;
+    };
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let Ok(mut ready) = afd.readable().await else {
+            return;
+        };
+        let got = ready.try_io(|s| loop {
+            match nix::sys::socket::recv(
+                s.get_ref().as_raw_fd(),
+                &mut chunk,
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r.map_err(std::io::Error::from),
+            }
+        });
+        match got {
+            Err(_would_block) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if dispatch(&conn, &mut buf).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Hand each complete report in `buf` to its command. Err: the guardian speaks nonsense.
+fn dispatch(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), ()> {
+    frames(buf, |tag, mut b| {
+        let Some(id) = b.u64() else { return };
+        let mut t = conn.table.lock().unwrap();
+        match tag {
+            b's' => {
+                let Some(pid) = b.i32() else { return };
+                if let Some(e) = t.entries.get_mut(&id) {
+                    e.pid = Some(pid);
+                    if e.abandoned {
+                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                    let _ = e.tx.send(Event::Started(pid));
+                }
+            }
+            b'e' => {
+                let errno = b.i32().unwrap_or(-1);
+                let message = String::from_utf8_lossy(b.bytes().unwrap_or_default()).into();
+                if let Some(e) = t.entries.remove(&id) {
+                    let _ = e.tx.send(Event::NotStarted { errno, message });
+                }
+            }
+            b'x' => {
+                let Some(st) = b.i32() else { return };
+                if let Some(e) = t.entries.remove(&id) {
+                    let _ =
+                        e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
+                }
+            }
+            _ => {}
+        }
+    })
+}
+
+/// The guardian is gone (or speaks nonsense): nobody watches these commands any more, so
+/// they die now, and their `run`s see the channel close (a spawn failure).
+fn fail_all(conn: &Conn) {
     conn.dead.store(true, Ordering::Release);
     let entries = {
         let mut t = conn.table.lock().unwrap();
@@ -264,9 +345,6 @@ fn read_replies(sock: &UnixStream, conn: &Conn, mut child: std::process::Child) 
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
-    drop(entries);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// One command's registration with the guardian. Dropping it (its `run` was abandoned, or is
