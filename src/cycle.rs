@@ -7,6 +7,8 @@
 //! retry (the next tick reconciles). Then run phase after phase and renew the lease after
 //! each one, never before: the TTL only has to cover one phase. A renewal that cannot prove
 //! ownership (another token, no key, any Redis error) stops the cycle: no further phase starts.
+//! After the last phase, without a database, the release's compare-and-delete gives that
+//! proof itself (the same token comparison), so no separate renewal is sent.
 //! A phase is never left running past the lease's local deadline: it is stopped (a command
 //! phase's process group is killed, KILL, no grace) and the cycle ends as "lock lost". However
 //! the cycle ends, the lease is released with compare-and-delete, so a newer owner's lock
