@@ -87,16 +87,11 @@ impl Drop for GroupGuard {
 }
 
 /// Our end of a pipe, non-blocking for the runtime (the command's end stays blocking: they are
-/// separate open files).
+/// separate open files). A fresh pipe end has no other status flag, so none is read first.
 fn nonblocking(fd: &OwnedFd) {
     // SAFETY: fcntl on a pipe fd we own.
     unsafe {
-        let fl = nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_GETFL);
-        nix::libc::fcntl(
-            fd.as_raw_fd(),
-            nix::libc::F_SETFL,
-            fl | nix::libc::O_NONBLOCK,
-        );
+        nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_SETFL, nix::libc::O_NONBLOCK);
     }
 }
 
@@ -233,7 +228,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let pgid = Some(Pid::from_raw(pid));
     // If this future is dropped mid-run (a job abandoned at the deadline), the whole group
     // dies with it (`handle` kills it too, as a guardian that went does).
-    let _group = GroupGuard(pgid);
+    let mut group = GroupGuard(pgid);
     // Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how
     // long this command may go on. Nothing is sent while the lease is lapsed, so the
     // countdown runs out.
@@ -270,7 +265,8 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         })
     }
     .flatten();
-    let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)
+    // Our own pipes' read ends, already non-blocking: tokio need not fstat and fcntl them.
+    let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(out_r)
         .ok()
         .map(|s| {
             tokio::spawn(tracing::Instrument::in_current_span(read_lines(
@@ -283,7 +279,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     // Shared, not returned: a reader still blocked after the drain is aborted, and the lines it
     // already read must still make the failure's message.
     let tail: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut err = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)
+    let mut err = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(err_r)
         .ok()
         .map(|s| {
             let tail = tail.clone();
@@ -342,8 +338,12 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         }
     };
     // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
-    // The guardian did so as it reaped the leader; this covers a guardian that went first.
-    drop(_group);
+    // The guardian did so as it reaped the leader, before it reported the exit; this covers
+    // a guardian that went first (no exit reported).
+    if status.is_some() {
+        group.0 = None;
+    }
+    drop(group);
     let drained = tokio::time::timeout(OUTPUT_DRAIN, async {
         for h in [out.as_mut(), err.as_mut()].into_iter().flatten() {
             let _ = h.await;
