@@ -5,6 +5,7 @@
 # they move less with machine load than wall-clock rates do. Every wait has a deadline.
 require_relative 'common'
 require 'fileutils'
+require 'etc'
 
 BIN = ENV.fetch('PG_BIN')
 OUT = ENV.fetch('OUT_DIR')
@@ -101,6 +102,7 @@ end
 
 LEFT = "local n = 0 for _, k in ipairs(KEYS) do n = n + redis.call('LLEN', k) end " \
        "for _, k in ipairs(redis.call('KEYS', 'playguard:working:*')) do n = n + redis.call('LLEN', k) end return n"
+LEN_SUM = "local n = 0 for _, k in ipairs(KEYS) do n = n + redis.call('LLEN', k) end return n"
 def left_in(*keys) = -> { R.eval(LEFT, keys: keys) }
 
 only = ENV['CURVES']&.split(',')
@@ -244,10 +246,44 @@ if want.('periodic')
               r[1][:redis_ms], r[1][:redis_ms] / 600.0, marginal)
 end
 
+# The machine's busy and total CPU ticks (all cores) from /proc/stat: how much of the machine
+# a run used, whoever used it.
+def machine_ticks
+  f = File.readlines('/proc/stat').first.split.drop(1).map(&:to_i)
+  idle = f[3] + f[4]
+  [f.sum - idle, f.sum]
+end
+
+# The command guardian of worker `pid` (its child named playguard-shepherd:<pid>).
+def guardian_of(pid)
+  Dir["/proc/#{pid}/task/*/children"].flat_map { |f| File.read(f).split.map(&:to_i) rescue [] }
+    .find { |k| File.read("/proc/#{k}/cmdline").include?('playguard-shepherd:') rescue false }
+end
+
+# A guardian's own threads (schedstat) and the commands it reaped (cutime + cstime), seconds.
+def guardian_cpu(gpid)
+  return [0.0, 0.0] unless gpid
+  own = Dir["/proc/#{gpid}/task/*/schedstat"].sum { |f| File.read(f).split.first.to_i rescue 0 } / 1e9
+  f = File.read("/proc/#{gpid}/stat").split(') ', 2).last.split
+  [own, (f[13].to_i + f[14].to_i).to_f / CLK_TCK]
+rescue Errno::ENOENT
+  [0.0, 0.0]
+end
+
+# Context switches (voluntary + involuntary) of a process's live threads: each is a wakeup.
+def ctx_switches(pid)
+  Dir["/proc/#{pid}/task/*/status"].sum do |f|
+    File.read(f).scan(/^(?:non)?voluntary_ctxt_switches:\s+(\d+)/).flatten.sum(&:to_i)
+  rescue Errno::ENOENT
+    0
+  end
+end
+
 if want.('reconcile')
   n = Integer(ENV.fetch('CYCLES', '2000'))
-  warn "== reconcile cycles: #{n} Marquees, 1 vs 6 /bin/true phases (-c 25)"
-  r = [1, 6].map do |phases|
+  phase_counts = ENV.fetch('RECONCILE_PHASES', '1,6').split(',').map { Integer(_1) }
+  warn "== reconcile cycles: #{n} Marquees, #{phase_counts.join(' vs ')} /bin/true phases (-c 25)"
+  r = phase_counts.map do |phases|
     dir = Dir.mktmpdir("scale-reconcile-#{phases}", OUT)
     FileUtils.mkdir_p(File.join(dir, 'jobs'))
     File.write(File.join(dir, 'jobs', 'reconcile.toml'), <<~TOML + (1..phases).map { |i| <<~PHASE }.join)
@@ -264,22 +300,53 @@ if want.('reconcile')
     fill(FILL_LIST, 'queue:marquee', '{"class":"PlayguardJob","args":[%d],"retry":true,"queue":"marquee","jid":"m%d"}', n)
     pid = spawn_worker(%w[-q marquee -c 25], "reconcile-#{phases}", dir: dir)
     wait_for('first pop', 60) { R.llen('queue:marquee') < n }
+    # The worker's working list, named once: polling with KEYS over every lock and fence key
+    # every 5 ms cost this Redis a quarter of what the cycles did.
+    working = []
+    wait_for('the working list', 60) { !(working = R.keys('playguard:working:*')).empty? }
+    gpid = nil
+    wait_for('the command guardian', 60) { gpid = guardian_of(pid) }
     c0 = tree_cpu(pid)
     w0 = proc_cpu(pid)
+    g0 = guardian_cpu(gpid)
+    rc0 = redis_cpu
+    cs0 = commandstats
+    m0 = machine_ticks
+    x0 = [ctx_switches(pid), ctx_switches(gpid)]
+    b0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     t0 = now
-    wait_for("#{n} cycles", 600, 0.005) { R.eval(LEFT, keys: ['queue:marquee']).zero? }
+    wait_for("#{n} cycles", 600, 0.005) { R.eval(LEN_SUM, keys: ['queue:marquee', *working]).zero? }
     secs = now - t0
     c1 = tree_cpu(pid)
     w1 = proc_cpu(pid)
+    g1 = guardian_cpu(gpid)
+    rc1 = redis_cpu
+    cs1 = commandstats
+    m1 = machine_ticks
+    x1 = [ctx_switches(pid), ctx_switches(gpid)]
+    b1 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     res = { rate: n / secs, cpu_ms: (c1 - c0) * 1000 / n, cpu_ms_phase: (c1 - c0) * 1000 / n / phases }
     warn format('   %d phase(s): %.0f cycles/s, %.2f CPU ms per cycle (worker + guardian + commands; the worker alone %.2f)',
                 phases, res[:rate], res[:cpu_ms], (w1 - w0) * 1000 / n)
+    per = ->(x) { x * 1000 / n }
+    warn format('     per cycle, CPU ms: worker %.3f, guardian %.3f, commands %.3f (reaped by the guardian), ' \
+                'redis-server %.3f, this driver %.3f',
+                per.((w1 - w0)), per.(g1[0] - g0[0]), per.(g1[1] - g0[1]), per.(rc1 - rc0), per.(b1 - b0))
+    calls = cs1.keys.to_h { |k| [k, cs1[k] - cs0.fetch(k, 0)] }.select { |_, v| v.positive? }
+    warn '     Redis calls per cycle (the driver\'s polling EVAL included): ' +
+         calls.sort_by { -_2 }.map { |k, v| format('%s %.2f', k.delete_prefix('cmdstat_'), v / n) }.join(', ')
+    warn format('     context switches per cycle: worker %.1f, guardian %.1f', (x1[0] - x0[0]).to_f / n, (x1[1] - x0[1]).to_f / n)
+    busy = m1[0] - m0[0]
+    warn format('     machine: %.0f%% of %d cores busy over the run (everyone, not only this bench), load %s',
+                100.0 * busy / (m1[1] - m0[1]), Etc.nprocessors, File.read('/proc/loadavg').split.first)
     stop(pid)
     res
   end
-  ROWS << ['reconcile', 'cycles/s (wall clock)', '1 phase', format('%.0f', r[0][:rate]), '6 phases',
-           format('%.0f', r[1][:rate]), format('%.2f', r[1][:rate] / r[0][:rate]), 'n/a']
-  row('reconcile', 'CPU ms per phase (worker + guardian + commands)', '1 phase', r[0], '6 phases', r[1], :cpu_ms_phase)
+  if r.size == 2
+    ROWS << ['reconcile', 'cycles/s (wall clock)', '1 phase', format('%.0f', r[0][:rate]), '6 phases',
+             format('%.0f', r[1][:rate]), format('%.2f', r[1][:rate] / r[0][:rate]), 'n/a']
+    row('reconcile', 'CPU ms per phase (worker + guardian + commands)', '1 phase', r[0], '6 phases', r[1], :cpu_ms_phase)
+  end
 end
 
 lines = ['| curve | cost | size A | at A | size B | at B | B ÷ A | per-unit cost grows ≤ 20% |', '|---|---|---:|---:|---:|---:|---:|---|']

@@ -3,11 +3,16 @@
 --   ARGV[1] = token.
 -- Optional KEYS[2] = playguard:locks:<identity>: our holder record of KEYS[1] is dropped from
 -- it either way (the lock is no longer ours to release).
--- Reply: 1 = deleted, 0 = not ours (or already gone); nothing else was changed.
+-- Reply (an integer, compared exactly by the caller), as lock_renew.lua's, so a release can
+-- also prove that the lock was ours up to this moment:
+--    1 = deleted, 0 = already gone, -1 = another token holds it (left untouched).
 if KEYS[2] then
   redis.call('HDEL', KEYS[2], KEYS[1])
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
   return redis.call('DEL', KEYS[1])
+elseif current == false then
+  return 0
 end
-return 0
+return -1

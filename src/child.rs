@@ -13,7 +13,7 @@ use std::future::Future;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 /// Time between TERM and KILL when a command's group is stopped.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -57,6 +57,19 @@ pub enum Exit {
     BadInput(String),
 }
 
+/// The worker's environment, read at its first command: what commands inherit. Read once,
+/// not per command (a copy of every variable and a sort each time was a tenth of the
+/// worker's instructions per phase); a worker's environment is fixed from its start.
+fn base_env() -> &'static [(OsString, OsString)] {
+    static BASE: std::sync::OnceLock<Vec<(OsString, OsString)>> = std::sync::OnceLock::new();
+    BASE.get_or_init(|| {
+        let mut seen = std::collections::HashSet::new();
+        std::env::vars_os()
+            .filter(|(k, _)| seen.insert(k.clone()))
+            .collect()
+    })
+}
+
 /// The guardian's argument for worker pid `worker` (in /proc/<pid>/cmdline; `sweeper.rs`).
 pub fn shepherd_name(worker: u32) -> String {
     crate::guardian::shepherd_name(worker)
@@ -74,17 +87,27 @@ impl Drop for GroupGuard {
 }
 
 /// Our end of a pipe, non-blocking for the runtime (the command's end stays blocking: they are
-/// separate open files).
+/// separate open files). A fresh pipe end has no other status flag, so none is read first.
 fn nonblocking(fd: &OwnedFd) {
     // SAFETY: fcntl on a pipe fd we own.
     unsafe {
-        let fl = nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_GETFL);
-        nix::libc::fcntl(
-            fd.as_raw_fd(),
-            nix::libc::F_SETFL,
-            fl | nix::libc::O_NONBLOCK,
-        );
+        nix::libc::fcntl(fd.as_raw_fd(), nix::libc::F_SETFL, nix::libc::O_NONBLOCK);
     }
+}
+
+/// Write what the non-blocking pipe `fd` takes of `input` now: the count written, or all of
+/// it when the reader is gone (EPIPE: nothing more to deliver).
+fn write_now(fd: &OwnedFd, input: &[u8]) -> usize {
+    let mut done = 0;
+    while done < input.len() {
+        match nix::unistd::write(fd, &input[done..]) {
+            Ok(n) => done += n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(_) => return input.len(),
+        }
+    }
+    done
 }
 
 /// Why a running command is being stopped, and how long it may take to go after TERM.
@@ -127,19 +150,30 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             "cannot start {prog:?}: nul byte found in provided data"
         ));
     }
-    // The worker's variables the command inherits, then ours on top, sorted by name as std
-    // passes them.
-    let mut env: std::collections::BTreeMap<OsString, OsString> = match spec.inherit {
-        Some(names) => names
-            .iter()
-            .filter_map(|n| std::env::var_os(n).map(|v| (OsString::from(n), v)))
-            .collect(),
-        None => std::env::vars_os().collect(),
-    };
-    for (k, v) in &spec.env {
-        env.insert(k.into(), v.into());
+    // The worker's variables the command inherits (all, or the names allowed), then ours on
+    // top: each name once.
+    let base = base_env();
+    let ours = |k: &OsStr| spec.env.iter().any(|(n, _)| OsStr::new(n) == k);
+    let mut env: Vec<(&OsStr, &OsStr)> = Vec::with_capacity(base.len() + spec.env.len());
+    match spec.inherit {
+        Some(names) => {
+            for (i, n) in names.iter().enumerate() {
+                let n = OsStr::new(n);
+                if ours(n) || names[..i].iter().any(|m| OsStr::new(m) == n) {
+                    continue;
+                }
+                if let Some((_, v)) = base.iter().find(|(k, _)| k == n) {
+                    env.push((n, v));
+                }
+            }
+        }
+        None => env.extend(
+            base.iter()
+                .filter(|(k, _)| !ours(k))
+                .map(|(k, v)| (k.as_os_str(), v.as_os_str())),
+        ),
     }
-    let env: Vec<(OsString, OsString)> = env.into_iter().collect();
+    env.extend(spec.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))));
     let pipes = (|| Ok::<_, std::io::Error>((cloexec_pipe()?, cloexec_pipe()?, cloexec_pipe()?)))();
     let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match pipes {
         Ok(p) => p,
@@ -194,7 +228,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let pgid = Some(Pid::from_raw(pid));
     // If this future is dropped mid-run (a job abandoned at the deadline), the whole group
     // dies with it (`handle` kills it too, as a guardian that went does).
-    let _group = GroupGuard(pgid);
+    let mut group = GroupGuard(pgid);
     // Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how
     // long this command may go on. Nothing is sent while the lease is lapsed, so the
     // countdown runs out.
@@ -213,17 +247,26 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         }
     };
     tokio::pin!(keepalive);
+    // The payload usually fits the pipe's buffer: written here, with no task and no poller
+    // registration. A command that never reads stdin must not block us: the rest (if any) is
+    // written from a task, EPIPE ignored.
     let writer = {
-        let input = spec.stdin.clone();
-        let stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w);
-        // A command that never reads stdin must not block us: write from a task, ignore EPIPE.
-        stdin.ok().map(|mut stdin| {
-            tokio::spawn(async move {
-                let _ = stdin.write_all(input.as_bytes()).await;
-            })
+        let input = spec.stdin.as_bytes();
+        let done = write_now(&in_w, input);
+        (done < input.len()).then(|| {
+            let rest = input[done..].to_vec();
+            tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
+                .ok()
+                .map(|mut stdin| {
+                    tokio::spawn(async move {
+                        let _ = stdin.write_all(&rest).await;
+                    })
+                })
         })
-    };
-    let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd(out_r)
+    }
+    .flatten();
+    // Our own pipes' read ends, already non-blocking: tokio need not fstat and fcntl them.
+    let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(out_r)
         .ok()
         .map(|s| {
             tokio::spawn(tracing::Instrument::in_current_span(read_lines(
@@ -236,7 +279,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     // Shared, not returned: a reader still blocked after the drain is aborted, and the lines it
     // already read must still make the failure's message.
     let tail: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut err = tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)
+    let mut err = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(err_r)
         .ok()
         .map(|s| {
             let tail = tail.clone();
@@ -295,8 +338,12 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         }
     };
     // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
-    // The guardian did so as it reaped the leader; this covers a guardian that went first.
-    drop(_group);
+    // The guardian did so as it reaped the leader, before it reported the exit; this covers
+    // a guardian that went first (no exit reported).
+    if status.is_some() {
+        group.0 = None;
+    }
+    drop(group);
     let drained = tokio::time::timeout(OUTPUT_DRAIN, async {
         for h in [out.as_mut(), err.as_mut()].into_iter().flatten() {
             let _ = h.await;
@@ -335,40 +382,46 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
 
 /// Hand every line of `r` to `each`, as text (bytes that are not UTF-8 become U+FFFD), a line
 /// longer than MAX_LINE cut there. A read error ends it like EOF.
-async fn read_lines<R: AsyncRead + Unpin>(r: R, mut each: impl FnMut(String)) {
-    let mut r = BufReader::new(r);
+async fn read_lines<R: AsyncRead + Unpin>(mut r: R, mut each: impl FnMut(String)) {
+    // Our own buffer rather than a BufReader's, which is zeroed when it is made: most commands
+    // print nothing, and two zeroed buffers per command were a tenth of a phase's instructions.
+    let mut buf: Vec<u8> = Vec::with_capacity(8 * 1024);
     let mut line: Vec<u8> = Vec::new();
     // Past MAX_LINE of the current line: drop bytes until its newline.
     let mut cut = false;
     loop {
-        let buf = match r.fill_buf().await {
-            Ok([]) | Err(_) => break,
-            Ok(b) => b,
-        };
-        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => (&buf[..i], true),
-            None => (buf, false),
-        };
-        let used = chunk.len() + usize::from(newline);
-        if !cut {
-            let room = MAX_LINE - line.len();
-            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            if chunk.len() > room {
-                cut = true;
-                let mut text = String::from_utf8_lossy(&line).into_owned();
-                text.push_str(&format!(" [line cut at {MAX_LINE} bytes]"));
-                each(text);
-                line.clear();
-            }
+        buf.clear();
+        match r.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
         }
-        r.consume(used);
-        if newline {
+        let mut rest = &buf[..];
+        while !rest.is_empty() {
+            let (chunk, newline) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..i], true),
+                None => (rest, false),
+            };
+            let used = chunk.len() + usize::from(newline);
             if !cut {
-                let end = line.len() - usize::from(line.last() == Some(&b'\r'));
-                each(String::from_utf8_lossy(&line[..end]).into_owned());
+                let room = MAX_LINE - line.len();
+                line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if chunk.len() > room {
+                    cut = true;
+                    let mut text = String::from_utf8_lossy(&line).into_owned();
+                    text.push_str(&format!(" [line cut at {MAX_LINE} bytes]"));
+                    each(text);
+                    line.clear();
+                }
             }
-            line.clear();
-            cut = false;
+            rest = &rest[used..];
+            if newline {
+                if !cut {
+                    let end = line.len() - usize::from(line.last() == Some(&b'\r'));
+                    each(String::from_utf8_lossy(&line[..end]).into_owned());
+                }
+                line.clear();
+                cut = false;
+            }
         }
     }
     if !line.is_empty() && !cut {

@@ -7,6 +7,8 @@
 //! retry (the next tick reconciles). Then run phase after phase and renew the lease after
 //! each one, never before: the TTL only has to cover one phase. A renewal that cannot prove
 //! ownership (another token, no key, any Redis error) stops the cycle: no further phase starts.
+//! After the last phase, without a database, the release's compare-and-delete gives that
+//! proof itself (the same token comparison), so no separate renewal is sent.
 //! A phase is never left running past the lease's local deadline: it is stopped (a command
 //! phase's process group is killed, KILL, no grace) and the cycle ends as "lock lost". However
 //! the cycle ends, the lease is released with compare-and-delete, so a newer owner's lock
@@ -208,6 +210,30 @@ impl ReleaseGuard {
         let why = "liveness lease lapsed";
         self.end(End::Interrupted, phase, Some(why), "liveness lapsed")
             .await;
+    }
+
+    /// Release the lease after the last phase, proving it was ours through that phase
+    /// (`Lease::release_proving`). On `Err` the lease is gone, unless Redis could not be
+    /// asked: then it is still held, for [`ReleaseGuard::lost`] to release.
+    async fn release_proving(&mut self) -> Result<(), lock::LockLost> {
+        let held = self.lease.take().expect("held between phases");
+        let lease = &held.lease;
+        match lease.release_proving().await {
+            Ok(()) => {
+                tracing::info!(
+                    lock_key = lease.key(),
+                    fence = held.fence(),
+                    "lock released (cycle complete)"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, lock::LockLost::Redis(_)) {
+                    self.lease = Some(held);
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn release(&mut self, why: &str) {
@@ -419,6 +445,32 @@ async fn run_cycle(
                     .await;
                 return Outcome::Done;
             }
+        }
+        // After the last phase no lease is needed, only the proof that the phase ran under it.
+        // Without a database (no fence to check there, no ledger row to write while the lock
+        // is ours) that proof is the release itself: its compare-and-DEL makes the renewal's
+        // comparison of our token, so the cycle's last renewal is folded into it (one round
+        // trip fewer per cycle, the same verdict).
+        if i + 1 == phases.len() && guard.lease.as_ref().is_some_and(|h| h.release_proves()) {
+            ctx.set_phase(None);
+            let Err(lost) = guard.release_proving().await else {
+                return Outcome::Done;
+            };
+            ctx.metrics.lock_event(&ctx.class, "lost");
+            tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
+                "aborted: lock lost; no further phase starts");
+            if guard.lease.is_some() {
+                // Redis could not be asked: the key may still be ours; release it as after a
+                // failed renewal.
+                guard.lost(Some(&name), &lost.to_string()).await;
+            } else {
+                tracing::info!(lock_key = %key,
+                    "lock was no longer ours at release (lock lost); the newer owner's lock is untouched");
+            }
+            if ctx.liveness.lapsed() {
+                return Outcome::Requeue;
+            }
+            return Outcome::Done;
         }
         // Renew after the phase, not before: this proves we held the lock through it (and,
         // with database fences, that playguard_fences still holds our fence).

@@ -104,6 +104,13 @@ impl Held {
         self.cycle_id
     }
 
+    /// Whether the end of the last phase may be proven by the release alone
+    /// ([`Lease::release_proving`]): only without a database, where no fence must be checked
+    /// in PostgreSQL and no ledger row written while the lock is still ours.
+    pub fn release_proves(&self) -> bool {
+        self.db.is_none()
+    }
+
     /// Renew the lease (compare-and-PEXPIRE) and, for database fences, check in the same
     /// moment that `playguard_fences` still holds our fence. Both must hold.
     pub async fn renew(&mut self) -> Result<(), Lost> {

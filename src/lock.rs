@@ -267,13 +267,34 @@ impl Lease {
     /// `Ok(false)` if it was already gone or belongs to someone else (left untouched).
     /// Safe, and expected, after `LockLost`.
     pub async fn release(&self) -> RedisResult<bool> {
+        match self.release_reply().await? {
+            Value::Int(1) => Ok(true),
+            Value::Int(0 | -1) => Ok(false),
+            other => Err(unexpected("unexpected lock_release reply", &other)),
+        }
+    }
+
+    /// Release, proving as [`Lease::renew`] would that the key held our token up to this
+    /// moment: the same comparison, made by the compare-and-DEL itself. For the end of work
+    /// that needs no more lease (a cycle's last phase), it saves the renewal's round trip.
+    /// `Err` is exactly renew's: the work was not proven guarded. After `LockLost::Redis` the
+    /// key may still be ours; [`Lease::release`] is still safe to call.
+    pub async fn release_proving(&self) -> Result<(), LockLost> {
+        match self.release_reply().await.map_err(LockLost::Redis)? {
+            Value::Int(1) => Ok(()),
+            Value::Int(0) => Err(LockLost::Missing),
+            Value::Int(-1) => Err(LockLost::NotOwner),
+            other => Err(LockLost::UnexpectedReply(format!("{other:?}"))),
+        }
+    }
+
+    async fn release_reply(&self) -> RedisResult<Value> {
         let mut c = self.conn.clone();
         let mut inv = RELEASE.key(&self.key);
         if let Some(r) = &self.record {
             inv.key(r);
         }
-        let reply: Value = inv.arg(&self.token).invoke_async(&mut c).await?;
-        one_or_zero(reply, "unexpected lock_release reply")
+        inv.arg(&self.token).invoke_async(&mut c).await
     }
 
     /// The fencing number of this acquisition; pass it with every guarded write.

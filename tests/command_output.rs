@@ -106,3 +106,40 @@ fn a_grandchild_holding_the_pipes_does_not_keep_the_job_running() {
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
 }
+
+/// A command gets exactly its manifest argv (argv[0] as written, no argument added or
+/// dropped, empty ones kept) and the PLAYGUARD_* environment, an empty variable included;
+/// a bare program name is found along PATH.
+#[test]
+fn a_command_gets_exactly_its_argv_and_environment() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script(
+        "jobs/bin/args",
+        "#!/bin/sh\n{ echo \"0=$0 #=$#\"; for a in \"$@\"; do echo \"arg=[$a]\"; done;\n\
+         echo \"retry=${PLAYGUARD_RETRY_COUNT+set}[$PLAYGUARD_RETRY_COUNT] jid=$PLAYGUARD_JID\"; } > args.txt\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"ArgsJob\"\nrun = [\"jobs/bin/args\", \"one\", \"two words\", \"\"]\n\
+         [[job]]\nclass = \"BareJob\"\nrun = [\"sh\", \"-c\", \"echo \\\"$0 $#\\\" > bare.txt\", \"zero\"]\n",
+    );
+    let w = Worker::start(&redis, p.path(), &[]);
+    enqueue(&redis, &["ArgsJob"]);
+    enqueue(&redis, &["BareJob"]);
+    let read = |f: &str| std::fs::read_to_string(p.path().join(f)).unwrap_or_default();
+    wait_until("both commands ran", Duration::from_secs(20), || {
+        read("args.txt").contains("jid=") && read("bare.txt").ends_with('\n')
+    });
+    let args = read("args.txt");
+    let jid = args.rsplit("jid=").next().unwrap().trim();
+    assert_eq!(
+        args,
+        format!("0=jobs/bin/args #=3\narg=[one]\narg=[two words]\narg=[]\nretry=set[] jid={jid}\n"),
+        "{}",
+        w.output()
+    );
+    assert!(!jid.is_empty());
+    assert_eq!(read("bare.txt"), "zero 0\n");
+    assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
+}

@@ -398,3 +398,68 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
 }
+
+/// The last phase's proof of ownership (folded into the release when there is no database):
+/// a lock taken over while the last phase ran ends the cycle as lost, never complete, and the
+/// new owner's lock survives; a lock that vanished likewise.
+#[test]
+fn a_lock_lost_during_the_last_phase_is_lost_not_complete() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/phase", &phase_script(1.0));
+    p.write(
+        "jobs/app.toml",
+        &manifest(30.0, &[("only", "jobs/bin/phase")]),
+    );
+    let w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut c = redis.conn();
+    for (marquee, takeover) in [("8", true), ("9", false)] {
+        enqueue(&redis, &["PlayguardJob", marquee]);
+        let key = format!("playguard:marquee:{marquee}");
+        wait_until("the phase is running", Duration::from_secs(10), || {
+            ledger(&p)
+                .iter()
+                .any(|e| e.kind == "start" && e.marquee == marquee)
+        });
+        if takeover {
+            let _: () = redis::cmd("SET")
+                .arg(&key)
+                .arg("another-owner")
+                .query(&mut c)
+                .unwrap();
+        } else {
+            let _: () = redis::cmd("DEL").arg(&key).query(&mut c).unwrap();
+        }
+        wait_until("the phase ended", Duration::from_secs(10), || {
+            ledger(&p)
+                .iter()
+                .any(|e| e.kind == "end" && e.marquee == marquee)
+        });
+        wait_until("the cycle ended", Duration::from_secs(10), || {
+            w.output().matches("aborted: lock lost").count() == 1 + usize::from(!takeover)
+        });
+        let still: Option<String> = redis::cmd("GET").arg(&key).query(&mut c).unwrap();
+        if takeover {
+            assert_eq!(
+                still.as_deref(),
+                Some("another-owner"),
+                "the new owner's lock survived"
+            );
+        } else {
+            assert_eq!(still, None, "a vanished lock is not recreated");
+        }
+    }
+    assert!(
+        !w.saw("lock released (cycle complete)"),
+        "neither cycle was complete"
+    );
+    let records: Vec<String> = redis::cmd("KEYS")
+        .arg("playguard:locks:*")
+        .query(&mut c)
+        .unwrap();
+    for r in records {
+        let n: i64 = redis::cmd("HLEN").arg(&r).query(&mut c).unwrap();
+        assert_eq!(n, 0, "holder records dropped from {r}");
+    }
+    assert_eq!(zcard(&redis, "retry"), 0);
+}

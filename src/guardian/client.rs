@@ -9,7 +9,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr};
 use nix::unistd::Pid;
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io::{IoSlice, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -39,9 +39,19 @@ struct Table {
     entries: HashMap<u64, Entry>,
 }
 
+/// Frames to the guardian: sent at once by the caller when the socket takes them, else
+/// queued for the sending thread (which may block), in order.
+struct Out {
+    sock: Arc<UnixStream>,
+    tx: mpsc::Sender<(Vec<u8>, Vec<OwnedFd>)>,
+    /// Frames handed to the thread and not yet fully sent: while any are, later frames
+    /// queue behind them.
+    queued: usize,
+}
+
 /// One running guardian, seen from the worker.
 pub(crate) struct Conn {
-    out: Mutex<mpsc::Sender<(Vec<u8>, Vec<OwnedFd>)>>,
+    out: Mutex<Out>,
     table: Mutex<Table>,
     next: AtomicU64,
     dead: AtomicBool,
@@ -92,7 +102,11 @@ fn start() -> std::io::Result<Arc<Conn>> {
     let sock = Arc::new(UnixStream::from(ours));
     let (tx, rx) = mpsc::channel::<(Vec<u8>, Vec<OwnedFd>)>();
     let conn = Arc::new(Conn {
-        out: Mutex::new(tx),
+        out: Mutex::new(Out {
+            sock: sock.clone(),
+            tx,
+            queued: 0,
+        }),
         table: Mutex::new(Table {
             dead: false,
             entries: HashMap::new(),
@@ -107,21 +121,76 @@ fn start() -> std::io::Result<Arc<Conn>> {
         .name("playguard-guardian-out".into())
         .spawn(move || {
             for (bytes, fds) in rx {
-                if send_frame(&w, &bytes, &fds).is_err() {
+                let sent = send_frame(&w, &bytes, &fds);
+                let Some(c) = wc.upgrade() else { break };
+                c.out.lock().unwrap().queued -= 1;
+                if sent.is_err() {
                     // The reader sees the same end as EOF and fails everything.
-                    if let Some(c) = wc.upgrade() {
-                        c.dead.store(true, Ordering::Release);
-                    }
+                    c.dead.store(true, Ordering::Release);
                     let _ = w.shutdown(std::net::Shutdown::Both);
                     break;
                 }
             }
         })?;
     let rc = conn.clone();
-    std::thread::Builder::new()
-        .name("playguard-guardian-in".into())
-        .spawn(move || read_replies(&sock, &rc, child))?;
+    match tokio::runtime::Handle::try_current() {
+        // On the runtime: a report wakes the task waiting for it, not a thread that then
+        // wakes the runtime (two context switches per report fewer).
+        Ok(rt) => {
+            rt.spawn(read_replies_async(sock, rc, child));
+        }
+        Err(_) => {
+            std::thread::Builder::new()
+                .name("playguard-guardian-in".into())
+                .spawn(move || read_replies(&sock, &rc, child))?;
+        }
+    }
     Ok(conn)
+}
+
+impl Conn {
+    /// Send one frame, in order with every frame before it: directly when nothing is queued
+    /// and the socket takes it now (the common case: no thread to wake per command), else
+    /// through the sending thread. Err: the thread is gone (so is the guardian).
+    fn send(&self, bytes: Vec<u8>, fds: Vec<OwnedFd>) -> Result<(), ()> {
+        let mut out = self.out.lock().unwrap();
+        if out.queued == 0 {
+            let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            let cmsg = [ControlMessage::ScmRights(&raw)];
+            let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+            let sent = loop {
+                match nix::sys::socket::sendmsg::<UnixAddr>(
+                    out.sock.as_raw_fd(),
+                    &[IoSlice::new(&bytes)],
+                    cmsgs,
+                    MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+                    None,
+                ) {
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    r => break r,
+                }
+            };
+            match sent {
+                Ok(n) if n == bytes.len() => return Ok(()),
+                // The fds went with the first byte; the thread sends the rest.
+                Ok(n) => return queue(&mut out, bytes[n..].to_vec(), Vec::new()),
+                Err(nix::errno::Errno::EAGAIN) => {}
+                Err(_) => {
+                    // As the thread does: the reader sees EOF and fails every command.
+                    self.dead.store(true, Ordering::Release);
+                    let _ = out.sock.shutdown(std::net::Shutdown::Both);
+                    return Ok(());
+                }
+            }
+        }
+        queue(&mut out, bytes, fds)
+    }
+}
+
+fn queue(out: &mut Out, bytes: Vec<u8>, fds: Vec<OwnedFd>) -> Result<(), ()> {
+    out.tx.send((bytes, fds)).map_err(|_| ())?;
+    out.queued += 1;
+    Ok(())
 }
 
 fn send_frame(sock: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) -> std::io::Result<()> {
@@ -156,43 +225,115 @@ fn read_replies(sock: &UnixStream, conn: &Conn, mut child: std::process::Child) 
             Ok(n) => n,
         };
         buf.extend_from_slice(&chunk[..n]);
-        let ok = frames(&mut buf, |tag, mut b| {
-            let Some(id) = b.u64() else { return };
-            let mut t = conn.table.lock().unwrap();
-            match tag {
-                b's' => {
-                    let Some(pid) = b.i32() else { return };
-                    if let Some(e) = t.entries.get_mut(&id) {
-                        e.pid = Some(pid);
-                        if e.abandoned {
-                            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-                        }
-                        let _ = e.tx.send(Event::Started(pid));
-                    }
-                }
-                b'e' => {
-                    let errno = b.i32().unwrap_or(-1);
-                    let message = String::from_utf8_lossy(b.bytes().unwrap_or_default()).into();
-                    if let Some(e) = t.entries.remove(&id) {
-                        let _ = e.tx.send(Event::NotStarted { errno, message });
-                    }
-                }
-                b'x' => {
-                    let Some(st) = b.i32() else { return };
-                    if let Some(e) = t.entries.remove(&id) {
-                        let _ =
-                            e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
-                    }
-                }
-                _ => {}
-            }
-        });
-        if ok.is_err() {
+        if dispatch(conn, &mut buf).is_err() {
             break;
         }
     }
-    // The guardian is gone (or speaks nonsense): nobody watches these commands any more, so
-    // they die now, and their `run`s see the channel close (a spawn failure).
+    fail_all(conn);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// `read_replies` as a task: readiness from the runtime's poller, reads with MSG_DONTWAIT.
+/// The socket itself stays blocking: O_NONBLOCK belongs to the open file, which the sending
+/// thread's blocking writes share. If the runtime goes first (its task is dropped), the
+/// commands die and the next `get` starts another guardian, as when this one dies.
+async fn read_replies_async(sock: Arc<UnixStream>, conn: Arc<Conn>, child: std::process::Child) {
+    struct Ends {
+        conn: Arc<Conn>,
+        child: Option<std::process::Child>,
+    }
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            fail_all(&self.conn);
+            if let Some(mut c) = self.child.take() {
+                let _ = c.kill();
+                // Reaped off the runtime: wait blocks.
+                let _ = std::thread::Builder::new()
+                    .name("playguard-guardian-reap".into())
+                    .spawn(move || c.wait());
+            }
+        }
+    }
+    let _ends = Ends {
+        conn: conn.clone(),
+        child: Some(child),
+    };
+    // SAFETY: the Arc'd stream owns the fd, and it stays open, the same file, while the
+    // AsyncFd holds that Arc.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(sock, tokio::io::Interest::READABLE)
+    };
+    let Ok(afd) = registered else {
+        return;
+    };
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let Ok(mut ready) = afd.readable().await else {
+            return;
+        };
+        let got = ready.try_io(|s| loop {
+            match nix::sys::socket::recv(
+                s.get_ref().as_raw_fd(),
+                &mut chunk,
+                MsgFlags::MSG_DONTWAIT,
+            ) {
+                Err(nix::errno::Errno::EINTR) => continue,
+                r => break r.map_err(std::io::Error::from),
+            }
+        });
+        match got {
+            Err(_would_block) => continue,
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(n)) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if dispatch(&conn, &mut buf).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Hand each complete report in `buf` to its command. Err: the guardian speaks nonsense.
+fn dispatch(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), ()> {
+    frames(buf, |tag, mut b| {
+        let Some(id) = b.u64() else { return };
+        let mut t = conn.table.lock().unwrap();
+        match tag {
+            b's' => {
+                let Some(pid) = b.i32() else { return };
+                if let Some(e) = t.entries.get_mut(&id) {
+                    e.pid = Some(pid);
+                    if e.abandoned {
+                        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+                    }
+                    let _ = e.tx.send(Event::Started(pid));
+                }
+            }
+            b'e' => {
+                let errno = b.i32().unwrap_or(-1);
+                let message = String::from_utf8_lossy(b.bytes().unwrap_or_default()).into();
+                if let Some(e) = t.entries.remove(&id) {
+                    let _ = e.tx.send(Event::NotStarted { errno, message });
+                }
+            }
+            b'x' => {
+                let Some(st) = b.i32() else { return };
+                if let Some(e) = t.entries.remove(&id) {
+                    let _ =
+                        e.tx.send(Event::Exited(std::process::ExitStatus::from_raw(st)));
+                }
+            }
+            _ => {}
+        }
+    })
+}
+
+/// The guardian is gone (or speaks nonsense): nobody watches these commands any more, so
+/// they die now, and their `run`s see the channel close (a spawn failure).
+fn fail_all(conn: &Conn) {
     conn.dead.store(true, Ordering::Release);
     let entries = {
         let mut t = conn.table.lock().unwrap();
@@ -204,9 +345,6 @@ fn read_replies(sock: &UnixStream, conn: &Conn, mut child: std::process::Child) 
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
         }
     }
-    drop(entries);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// One command's registration with the guardian. Dropping it (its `run` was abandoned, or is
@@ -222,7 +360,7 @@ impl Conn {
         self: &Arc<Conn>,
         prog: &OsStr,
         argv: &[String],
-        env: &[(OsString, OsString)],
+        env: &[(&OsStr, &OsStr)],
         budget: Option<u64>,
         fds: Vec<OwnedFd>,
     ) -> Result<(Handle, tokio::sync::mpsc::UnboundedReceiver<Event>), ()> {
@@ -246,7 +384,14 @@ impl Conn {
             conn: self.clone(),
             id,
         };
-        let mut f = Frame::new(b'S')
+        let size = 64
+            + prog.len()
+            + argv.iter().map(|a| a.len() + 4).sum::<usize>()
+            + env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>();
+        let mut f = Frame::with_capacity(b'S', size)
             .u64(id)
             .u64(budget.unwrap_or(0))
             .bytes(prog.as_bytes())
@@ -258,7 +403,7 @@ impl Conn {
         for (k, v) in env {
             f = f.bytes(k.as_bytes()).bytes(v.as_bytes());
         }
-        if self.out.lock().unwrap().send((f.done(), fds)).is_err() {
+        if self.send(f.done(), fds).is_err() {
             return Err(());
         }
         Ok((handle, rx))
@@ -269,7 +414,7 @@ impl Handle {
     /// Tell the guardian this command may run `budget` more seconds without hearing again.
     pub(crate) fn keepalive(&self, budget: u64) {
         let f = Frame::new(b'K').u64(self.id).u64(budget).done();
-        let _ = self.conn.out.lock().unwrap().send((f, Vec::new()));
+        let _ = self.conn.send(f, Vec::new());
     }
 }
 

@@ -9,6 +9,12 @@ impl Frame {
     pub(super) fn new(tag: u8) -> Frame {
         Frame(vec![0, 0, 0, 0, tag])
     }
+    /// A frame whose body will be about `size` bytes (one allocation instead of regrowth).
+    pub(super) fn with_capacity(tag: u8, size: usize) -> Frame {
+        let mut v = Vec::with_capacity(size + 5);
+        v.extend_from_slice(&[0, 0, 0, 0, tag]);
+        Frame(v)
+    }
     pub(super) fn u64(mut self, v: u64) -> Frame {
         self.0.extend_from_slice(&v.to_le_bytes());
         self

@@ -13,8 +13,6 @@ use std::ffi::{OsStr, OsString};
 use std::io::{IoSliceMut, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::process::CommandExt;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 struct Group {
@@ -233,49 +231,61 @@ impl Guardian {
     ) -> std::io::Result<(i32, Option<u64>)> {
         let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "bad spawn request");
         let budget = b.u64().ok_or_else(bad)?;
-        let prog = OsStr::from_bytes(b.bytes().ok_or_else(bad)?).to_os_string();
+        let prog = b.bytes().ok_or_else(bad)?;
         let argc = b.u64().ok_or_else(bad)?;
-        let mut argv = Vec::new();
-        for _ in 0..argc {
-            argv.push(OsStr::from_bytes(b.bytes().ok_or_else(bad)?).to_os_string());
+        // argv and envp as C strings in one buffer, straight from the frame: no per-string
+        // allocation, no map (the worker sends each name once).
+        // The frame's argv starts with the program itself (argv[0] is set below).
+        let mut args = CStrings::default();
+        for n in 0..argc {
+            let a = b.bytes().ok_or_else(bad)?;
+            if n > 0 {
+                args.push(a)?;
+            }
         }
         let envc = b.u64().ok_or_else(bad)?;
-        let mut env = Vec::new();
+        // The rest of the body is the environment: its size bounds the buffer's.
+        let mut env = CStrings {
+            buf: Vec::with_capacity(b.0.len()),
+            at: Vec::with_capacity((envc as usize).min(b.0.len() / 8)),
+        };
+        let mut path_var: Option<&[u8]> = None;
         for _ in 0..envc {
-            let k = OsStr::from_bytes(b.bytes().ok_or_else(bad)?);
-            let v = OsStr::from_bytes(b.bytes().ok_or_else(bad)?);
-            env.push((k, v));
+            let k = b.bytes().ok_or_else(bad)?;
+            let v = b.bytes().ok_or_else(bad)?;
+            if k == b"PATH" {
+                path_var = Some(v);
+            }
+            env.push_pair(k, v)?;
         }
         let mut fds = fds.into_iter();
         let (Some(i), Some(o), Some(e)) = (fds.next(), fds.next(), fds.next()) else {
             return Err(bad());
         };
-        let path = resolve(&prog, &env)
+        let path = resolve(OsStr::from_bytes(prog), path_var)
             .ok_or_else(|| std::io::Error::from_raw_os_error(nix::libc::ENOENT))?;
-        let build =
-            |exe: &OsStr, script: Option<&OsStr>| -> std::io::Result<std::process::Command> {
-                let mut cmd = std::process::Command::new(exe);
-                match script {
-                    // As sh does for a file exec refuses (no #! line): run it as a script.
-                    Some(s) => cmd.arg(s),
-                    None => cmd.arg0(&prog),
-                };
-                cmd.args(argv.iter().skip(1))
-                    .env_clear()
-                    .envs(env.iter().copied())
-                    .stdin(Stdio::from(i.try_clone()?))
-                    .stdout(Stdio::from(o.try_clone()?))
-                    .stderr(Stdio::from(e.try_clone()?))
-                    .process_group(0);
-                Ok(cmd)
-            };
-        let child = match build(&path, None)?.spawn() {
+        let stdio = [i, o, e];
+        // argv[0] is the program as the manifest names it, as sh would pass it.
+        let mut argv = CStrings::default();
+        argv.push(prog)?;
+        let exe = CStrings::one(path.as_bytes())?;
+        let pid = match posix_spawn(&exe, &argv, Some(&args), &env, &stdio) {
             Err(err) if err.raw_os_error() == Some(nix::libc::ENOEXEC) => {
-                build(OsStr::new("/bin/sh"), Some(&path))?.spawn()?
+                // As sh does for a file exec refuses (no #! line): run it as a script.
+                let mut argv = CStrings::default();
+                argv.push(b"/bin/sh")?;
+                argv.push(path.as_bytes())?;
+                posix_spawn(
+                    &CStrings::one(b"/bin/sh")?,
+                    &argv,
+                    Some(&args),
+                    &env,
+                    &stdio,
+                )?
             }
             r => r?,
         };
-        Ok((child.id() as i32, (budget > 0).then_some(budget)))
+        Ok((pid, (budget > 0).then_some(budget)))
     }
 
     /// Reap every child that exited; report our commands' leaders (and kill what is left of
@@ -344,19 +354,14 @@ impl Guardian {
 /// The program's path, found as sh finds it: a name with a slash as it is, else the first
 /// executable file along the command's PATH (sh's default PATH when it has none). Never a
 /// bare name, so std never looks it up along our own PATH (nor forks to do so).
-fn resolve(prog: &OsStr, env: &[(&OsStr, &OsStr)]) -> Option<OsString> {
+fn resolve(prog: &OsStr, path_var: Option<&[u8]>) -> Option<OsString> {
     if prog.as_bytes().contains(&b'/') {
         return Some(prog.to_os_string());
     }
     if prog.is_empty() {
         return None;
     }
-    let path = env
-        .iter()
-        .rev()
-        .find(|(k, _)| k.as_bytes() == b"PATH")
-        .map(|(_, v)| v.as_bytes())
-        .unwrap_or(b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    let path = path_var.unwrap_or(b"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     for dir in path.split(|b| *b == b':') {
         let mut cand = if dir.is_empty() {
             b".".to_vec()
@@ -374,21 +379,161 @@ fn resolve(prog: &OsStr, env: &[(&OsStr, &OsStr)]) -> Option<OsString> {
     None
 }
 
+/// NUL-terminated strings in one buffer, for argv and envp.
+#[derive(Default)]
+struct CStrings {
+    buf: Vec<u8>,
+    /// Where each string starts in `buf`.
+    at: Vec<usize>,
+}
+
+impl CStrings {
+    fn one(s: &[u8]) -> std::io::Result<CStrings> {
+        let mut c = CStrings::default();
+        c.push(s)?;
+        Ok(c)
+    }
+
+    fn push(&mut self, s: &[u8]) -> std::io::Result<()> {
+        self.push_parts(s, None)
+    }
+
+    /// An environment entry: `k=v`.
+    fn push_pair(&mut self, k: &[u8], v: &[u8]) -> std::io::Result<()> {
+        self.push_parts(k, Some(v))
+    }
+
+    fn push_parts(&mut self, k: &[u8], v: Option<&[u8]>) -> std::io::Result<()> {
+        if k.contains(&0) || v.is_some_and(|v| v.contains(&0)) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "nul byte found in provided data",
+            ));
+        }
+        self.at.push(self.buf.len());
+        self.buf.extend_from_slice(k);
+        if let Some(v) = v {
+            self.buf.push(b'=');
+            self.buf.extend_from_slice(v);
+        }
+        self.buf.push(0);
+        Ok(())
+    }
+
+    fn ptrs(&self, into: &mut Vec<*mut nix::libc::c_char>) {
+        into.extend(
+            self.at
+                .iter()
+                .map(|&i| self.buf[i..].as_ptr() as *mut nix::libc::c_char),
+        );
+    }
+}
+
+/// posix_spawn `exe` with argv `argv` + `more` and environment `env` (nothing else is
+/// inherited), stdin/stdout/stderr from `stdio`, as the leader of a new process group, with
+/// the signal mask cleared and SIGPIPE back to its default (Rust ignores it). Our other fds
+/// are all close-on-exec. One clone(CLONE_VM|CLONE_VFORK) and one exec, as std's
+/// `Command::spawn` does on this path, without its maps and copies of the environment.
+fn posix_spawn(
+    exe: &CStrings,
+    argv: &CStrings,
+    more: Option<&CStrings>,
+    env: &CStrings,
+    stdio: &[OwnedFd; 3],
+) -> std::io::Result<i32> {
+    use nix::libc;
+    let mut av = Vec::with_capacity(argv.at.len() + more.map_or(0, |m| m.at.len()) + 1);
+    argv.ptrs(&mut av);
+    if let Some(m) = more {
+        m.ptrs(&mut av);
+    }
+    av.push(std::ptr::null_mut());
+    let mut ev = Vec::with_capacity(env.at.len() + 1);
+    env.ptrs(&mut ev);
+    ev.push(std::ptr::null_mut());
+    // A received fd in 0..=2 (only when we were started without one) would be dup2'd onto
+    // itself and keep its close-on-exec flag: move it up first.
+    let mut moved = Vec::new();
+    let mut src = [0; 3];
+    for (n, fd) in stdio.iter().enumerate() {
+        src[n] = fd.as_raw_fd();
+        if src[n] <= 2 {
+            // SAFETY: F_DUPFD_CLOEXEC on an fd we own; the new one is owned by `moved`.
+            let d = unsafe { libc::fcntl(src[n], libc::F_DUPFD_CLOEXEC, 3) };
+            if d < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            moved.push(unsafe { OwnedFd::from_raw_fd(d) });
+            src[n] = d;
+        }
+    }
+    // SAFETY: the attr and file-action objects are initialised before use and destroyed
+    // after; every pointer handed to posix_spawn outlives the call.
+    unsafe {
+        let mut fa: libc::posix_spawn_file_actions_t = std::mem::zeroed();
+        let mut at: libc::posix_spawnattr_t = std::mem::zeroed();
+        let check = |r: libc::c_int| {
+            if r == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::from_raw_os_error(r))
+            }
+        };
+        check(libc::posix_spawn_file_actions_init(&mut fa))?;
+        check(libc::posix_spawnattr_init(&mut at)).inspect_err(|_| {
+            libc::posix_spawn_file_actions_destroy(&mut fa);
+        })?;
+        let r = (|| {
+            for (n, fd) in src.iter().enumerate() {
+                check(libc::posix_spawn_file_actions_adddup2(
+                    &mut fa,
+                    *fd,
+                    n as libc::c_int,
+                ))?;
+            }
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            check(libc::posix_spawnattr_setsigmask(&mut at, &none))?;
+            let mut pipe: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut pipe);
+            libc::sigaddset(&mut pipe, libc::SIGPIPE);
+            check(libc::posix_spawnattr_setsigdefault(&mut at, &pipe))?;
+            check(libc::posix_spawnattr_setpgroup(&mut at, 0))?;
+            check(libc::posix_spawnattr_setflags(
+                &mut at,
+                (libc::POSIX_SPAWN_SETPGROUP
+                    | libc::POSIX_SPAWN_SETSIGMASK
+                    | libc::POSIX_SPAWN_SETSIGDEF) as libc::c_short,
+            ))?;
+            let mut pid: libc::pid_t = 0;
+            check(libc::posix_spawn(
+                &mut pid,
+                exe.buf.as_ptr() as *const libc::c_char,
+                &fa,
+                &at,
+                av.as_ptr(),
+                ev.as_ptr(),
+            ))?;
+            Ok(pid)
+        })();
+        libc::posix_spawnattr_destroy(&mut at);
+        libc::posix_spawn_file_actions_destroy(&mut fa);
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn programs_are_found_along_the_commands_path_as_sh_does() {
-        let path = (OsStr::new("PATH"), OsStr::new("/nonexistent:/bin"));
-        assert_eq!(resolve(OsStr::new("sh"), &[path]), Some("/bin/sh".into()));
-        assert_eq!(
-            resolve(OsStr::new("jobs/x"), &[path]),
-            Some("jobs/x".into())
-        );
-        assert_eq!(resolve(OsStr::new("no-such-program-here"), &[path]), None);
+        let path = Some(&b"/nonexistent:/bin"[..]);
+        assert_eq!(resolve(OsStr::new("sh"), path), Some("/bin/sh".into()));
+        assert_eq!(resolve(OsStr::new("jobs/x"), path), Some("jobs/x".into()));
+        assert_eq!(resolve(OsStr::new("no-such-program-here"), path), None);
         assert!(
-            resolve(OsStr::new("sh"), &[]).is_some(),
+            resolve(OsStr::new("sh"), None).is_some(),
             "sh's default PATH"
         );
     }
