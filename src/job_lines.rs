@@ -28,16 +28,19 @@ impl JobLines {
     pub fn open(jid: &str, class: &str, queue: &str) -> (tracing::Span, JobLines) {
         let root = crate::logging::root();
         if WRITER.get().is_none() {
-            let span = tracing::info_span!(parent: root, "job", jid = %jid, class = %class, queue = %queue);
+            let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
+                jid = %jid, class = %class, queue = %queue);
             return (span, JobLines { prefix: None });
         }
+        // Quiet (INFO filtered out): nothing to format, no span.
+        if !tracing::enabled!(target: "playguard::processor", tracing::Level::INFO) {
+            return (tracing::Span::none(), JobLines { prefix: None });
+        }
         let fields = fields(jid, class, queue);
-        let span = tracing::info_span!(parent: root, "job", playguard_job_fields = %fields);
-        let direct = tracing::enabled!(target: "playguard::processor", tracing::Level::INFO);
-        let lines = JobLines {
-            prefix: direct.then(|| prefix(std::process::id(), &fields)),
-        };
-        (span, lines)
+        let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
+            playguard_job_fields = %fields);
+        let prefix = Some(prefix(std::process::id(), &fields));
+        (span, JobLines { prefix })
     }
 
     pub fn start(&self) {
