@@ -35,9 +35,6 @@ pub fn prepare(member: &[u8]) -> Option<(String, String)> {
 /// Move every due member of `set`; returns how many moved.
 pub async fn enqueue_due(worker: &Worker, set: &str) -> redis::RedisResult<usize> {
     let mut conn = worker.conn.clone();
-    if !head_due(&mut conn, set, now_f64()).await? {
-        return Ok(0);
-    }
     let mut total = 0;
     loop {
         let now = now_f64();
@@ -89,28 +86,6 @@ pub async fn enqueue_due(worker: &Worker, set: &str) -> redis::RedisResult<usize
             return Ok(total);
         }
     }
-}
-
-/// Whether the set's first member is due. Most polls find nothing due, and reading the head
-/// by rank 0 is O(1) where a BYSCORE range walks the skip list (O(log n)): an idle poll then
-/// costs the same over a million future jobs as over none.
-async fn head_due(
-    conn: &mut crate::redis_conn::Conn,
-    set: &str,
-    now: f64,
-) -> redis::RedisResult<bool> {
-    let head: Vec<(Vec<u8>, String)> = redis::cmd("ZRANGE")
-        .arg(set)
-        .arg(0)
-        .arg(0)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await?;
-    Ok(match head.first() {
-        None => false,
-        // A score Rust cannot read (none expected: Redis prints doubles) takes the full path.
-        Some((_, score)) => score.parse::<f64>().map_or(true, |s| s <= now),
-    })
 }
 
 /// One call of `lua/schedule_push.lua`: which members go to which queue, which are buried.
