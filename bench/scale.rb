@@ -306,25 +306,16 @@ if want.('reconcile')
     wait_for('the working list', 60) { !(working = R.keys('playguard:working:*')).empty? }
     gpid = nil
     wait_for('the command guardian', 60) { gpid = guardian_of(pid) }
-    c0 = tree_cpu(pid)
-    w0 = proc_cpu(pid)
-    g0 = guardian_cpu(gpid)
-    rc0 = redis_cpu
-    cs0 = commandstats
-    m0 = machine_ticks
-    x0 = [ctx_switches(pid), ctx_switches(gpid)]
-    b0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+    # Every reading, taken the same way before and after the cycles.
+    readings = lambda do
+      [tree_cpu(pid), proc_cpu(pid), guardian_cpu(gpid), redis_cpu, commandstats, machine_ticks,
+       [ctx_switches(pid), ctx_switches(gpid)], Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)]
+    end
+    c0, w0, g0, rc0, cs0, m0, x0, b0 = readings.call
     t0 = now
     wait_for("#{n} cycles", 600, 0.005) { R.eval(LEN_SUM, keys: ['queue:marquee', *working]).zero? }
     secs = now - t0
-    c1 = tree_cpu(pid)
-    w1 = proc_cpu(pid)
-    g1 = guardian_cpu(gpid)
-    rc1 = redis_cpu
-    cs1 = commandstats
-    m1 = machine_ticks
-    x1 = [ctx_switches(pid), ctx_switches(gpid)]
-    b1 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+    c1, w1, g1, rc1, cs1, m1, x1, b1 = readings.call
     res = { rate: n / secs, cpu_ms: (c1 - c0) * 1000 / n, cpu_ms_phase: (c1 - c0) * 1000 / n / phases }
     warn format('   %d phase(s): %.0f cycles/s, %.2f CPU ms per cycle (worker + guardian + commands; the worker alone %.2f)',
                 phases, res[:rate], res[:cpu_ms], (w1 - w0) * 1000 / n)

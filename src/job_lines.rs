@@ -18,7 +18,8 @@ pub(crate) fn write_to(w: crate::log_writer::LineWriter) {
 
 /// One job's context, formatted once: `playguard{pid=…}:job{jid=… class=… queue=…}: `.
 pub(crate) struct JobLines {
-    prefix: Option<String>,
+    /// The prefix and the writer, in the text format with INFO on.
+    direct: Option<(String, &'static crate::log_writer::LineWriter)>,
 }
 
 impl JobLines {
@@ -27,33 +28,33 @@ impl JobLines {
     /// here once for both; JSON keeps them as three fields.
     pub fn open(jid: &str, class: &str, queue: &str) -> (tracing::Span, JobLines) {
         let root = crate::logging::root();
-        if WRITER.get().is_none() {
+        let Some(writer) = WRITER.get() else {
             let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
                 jid = %jid, class = %class, queue = %queue);
-            return (span, JobLines { prefix: None });
-        }
+            return (span, JobLines { direct: None });
+        };
         // Quiet (INFO filtered out): nothing to format, no span.
         if !tracing::enabled!(target: "playguard::processor", tracing::Level::INFO) {
-            return (tracing::Span::none(), JobLines { prefix: None });
+            return (tracing::Span::none(), JobLines { direct: None });
         }
         let fields = fields(jid, class, queue);
         let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
             playguard_job_fields = %fields);
-        let prefix = Some(prefix(std::process::id(), &fields));
-        (span, JobLines { prefix })
+        let direct = Some((prefix(std::process::id(), &fields), writer));
+        (span, JobLines { direct })
     }
 
     pub fn start(&self) {
-        match (&self.prefix, WRITER.get()) {
-            (Some(p), Some(w)) => write_line(|b| w.append(b), p, "start", None),
-            _ => tracing::info!(target: "playguard::processor", "start"),
+        match &self.direct {
+            Some((p, w)) => write_line(|b| w.append(b), p, "start", None),
+            None => tracing::info!(target: "playguard::processor", "start"),
         }
     }
 
     pub fn done(&self, elapsed_ms: f64) {
-        match (&self.prefix, WRITER.get()) {
-            (Some(p), Some(w)) => write_line(|b| w.append(b), p, "done", Some(elapsed_ms)),
-            _ => tracing::info!(target: "playguard::processor", elapsed_ms, "done"),
+        match &self.direct {
+            Some((p, w)) => write_line(|b| w.append(b), p, "done", Some(elapsed_ms)),
+            None => tracing::info!(target: "playguard::processor", elapsed_ms, "done"),
         }
     }
 }
@@ -91,20 +92,7 @@ fn write_line(out: impl FnOnce(&[u8]), prefix: &str, msg: &str, elapsed_ms: Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::test_lines::{same_after_time, Buf};
 
     /// The direct lines are the lines tracing's default formatter writes in the job span,
     /// byte for byte after the timestamp.
@@ -132,14 +120,8 @@ mod tests {
         write_line(add, &p, "start", None);
         write_line(add, &p, "done", Some(0.1));
         write_line(add, &p, "done", Some(12.0));
-        let text = |b: &Buf| String::from_utf8(b.0.lock().unwrap().clone()).unwrap();
-        let (ours, theirs) = (text(&ours), text(&theirs));
+        let (ours, theirs) = (ours.text(), theirs.text());
         assert_eq!(ours.lines().count(), 3, "{ours}");
-        for (a, b) in ours.lines().zip(theirs.lines()) {
-            let (ta, ra) = a.split_once(' ').unwrap();
-            let (tb, rb) = b.split_once(' ').unwrap();
-            assert_eq!(ra, rb);
-            assert_eq!(ta.len(), tb.len(), "{ta} vs {tb}");
-        }
+        same_after_time(&ours, &theirs);
     }
 }

@@ -85,6 +85,8 @@ mod scheduled;
 mod sentinel;
 mod slots;
 mod sweeper;
+#[cfg(test)]
+mod test_lines;
 mod unit_of_work;
 mod worker;
 

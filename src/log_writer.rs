@@ -134,19 +134,7 @@ pub fn start(mut out: impl Write + Send + 'static) -> (LineWriter, Guard) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[derive(Clone, Default)]
-    struct Sink(Arc<Mutex<Vec<u8>>>);
-
-    impl Write for Sink {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::test_lines::Buf as Sink;
 
     /// Every line from every thread arrives whole, and dropping the guard flushes the rest.
     #[test]
@@ -167,7 +155,7 @@ mod tests {
             t.join().unwrap();
         }
         drop(guard);
-        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let text = sink.text();
         assert_eq!(text.lines().count(), 20_000);
         for t in 0..4 {
             let mine: Vec<&str> = text

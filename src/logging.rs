@@ -273,20 +273,7 @@ pub fn root() -> &'static tracing::Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
+    use crate::test_lines::{same_after_time, Buf};
 
     fn emit() {
         let root = tracing::info_span!("playguard", pid = 7);
@@ -335,8 +322,8 @@ mod tests {
                 let _p = phase.enter();
                 tracing::info!("out");
             });
-            let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-            text.lines()
+            buf.text()
+                .lines()
                 .map(|l| l.split_once(' ').unwrap().1.to_string())
                 .collect::<Vec<_>>()
         };
@@ -370,14 +357,9 @@ mod tests {
             .with_writer(move || w.clone())
             .finish();
         tracing::subscriber::with_default(sub, emit);
-        let text = |b: &Buf| String::from_utf8(b.0.lock().unwrap().clone()).unwrap();
-        let (ours, theirs) = (text(&ours), text(&theirs));
+        let (ours, theirs) = (ours.text(), theirs.text());
         assert_eq!(ours.lines().count(), 6, "{ours}");
-        for (a, b) in ours.lines().zip(theirs.lines()) {
-            let (ta, ra) = a.split_once(' ').unwrap();
-            let (tb, rb) = b.split_once(' ').unwrap();
-            assert_eq!(ra, rb);
-            assert_eq!(ta.len(), tb.len(), "{ta} vs {tb}");
+        for ta in same_after_time(&ours, &theirs) {
             assert!(chrono::DateTime::parse_from_rfc3339(ta).is_ok(), "{ta}");
             assert!(ta.ends_with('Z'));
         }
