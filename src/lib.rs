@@ -12,7 +12,8 @@
 //! **Leaves** (no other module of ours): `payload` (a popped job, Sidekiq's JSON rules),
 //! `queues` (queue order, `queue:<q>`), `error_class`, `identity`, `shutdown` (the one-way
 //! quiet/stop state), `slots` (what each slot runs, unflushed counters), `logging` (line
-//! formats) over `log_writer` (one buffer, one writer thread), `redact`.
+//! formats) and `job_lines` (a job's span and its start/done lines) over `log_writer` (one
+//! buffer, one writer thread), `redact`.
 //!
 //! **Connections and stores**: `redis_client` (one server's client, TLS) ← `sentinel` ←
 //! `redis_conn` (the shared and the blocking connections, re-resolving behind sentinels);
