@@ -177,6 +177,9 @@ pub fn project_dir() -> PathBuf {
 pub struct Worker {
     pub child: Child,
     pub lines: Arc<Mutex<Vec<String>>>,
+    /// The threads reading stdout and stderr: an exit is only fully seen once they reach
+    /// end of file, else the last lines can still be in the pipe when a test reads them.
+    readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Worker {
@@ -227,21 +230,26 @@ impl Worker {
             .spawn()
             .expect("spawn playguard");
         let lines = Arc::new(Mutex::new(Vec::new()));
+        let mut readers = Vec::new();
         for stream in [
             Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
             Box::new(child.stderr.take().unwrap()),
         ] {
             let lines = lines.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     if std::env::var("PLAYGUARD_TEST_ECHO").is_ok() {
                         eprintln!("[worker] {line}");
                     }
                     lines.lock().unwrap().push(line);
                 }
-            });
+            }));
         }
-        Worker { child, lines }
+        Worker {
+            child,
+            lines,
+            readers,
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -280,6 +288,7 @@ impl Worker {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
+                self.drain_output();
                 return st.code();
             }
             if Instant::now() > deadline {
@@ -289,6 +298,21 @@ impl Worker {
                 );
             }
             std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// After the exit: wait (up to two seconds) for the readers to reach end of file, so every
+    /// line the process wrote is in `lines`. A child of the worker that still holds the pipes
+    /// open only makes this wait end at that bound.
+    fn drain_output(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while self.readers.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for r in std::mem::take(&mut self.readers) {
+            if r.is_finished() {
+                let _ = r.join();
+            }
         }
     }
 
