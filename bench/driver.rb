@@ -4,6 +4,7 @@
 # order); every figure is the median over the rounds with its min-max. Every wait has a deadline.
 require_relative 'common'
 require 'sidekiq/api'
+require 'etc'
 
 N = Integer(ENV.fetch('BENCH_JOBS', '100000'))
 ROUNDS = Integer(ENV.fetch('ROUNDS', '3'))
@@ -24,8 +25,8 @@ def ruby(log) = [{ 'BENCH_RUBY_LOG' => log == :quiet ? 'error' : 'info' },
 def rusty(log) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' }, RUSTY, URL, 'bench', RUSTY_CONC.to_s]
 # No manifest: the shipped jobs/ needs PostgreSQL, and the no-op job is a Rust handler.
 NO_JOBS = Dir.mktmpdir('playguard-no-jobs')
-def pg(log, fetch) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' },
-                      BIN, 'run', '-r', URL, '-j', NO_JOBS, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', fetch]
+def pg(log, fetch, bin = BIN) = [{ 'RUST_LOG' => log == :quiet ? 'warn' : 'info' },
+                                 bin, 'run', '-r', URL, '-j', NO_JOBS, '-q', 'bench', '-c', PG_CONC.to_s, '--fetch', fetch]
 
 KINDS = {
   'ruby-quiet' => ["Ruby Sidekiq 6.4.1 -c #{RUBY_CONC}, logger ERROR", ruby(:quiet)],
@@ -36,7 +37,14 @@ KINDS = {
   'reliable-info' => ["playguard reliable -c #{PG_CONC}, RUST_LOG=info", pg(:info, 'reliable')],
   'basic-quiet' => ["playguard basic -c #{PG_CONC}, RUST_LOG=warn", pg(:quiet, 'basic')],
   'basic-info' => ["playguard basic -c #{PG_CONC}, RUST_LOG=info", pg(:info, 'basic')],
-}.freeze
+}.merge(
+  # BASE_BIN: another build of bench_worker (an earlier commit, say), run the same way beside
+  # this one, so a change is measured against what it changes in the same run.
+  ENV['BASE_BIN'] ? {
+    'base-quiet' => ["playguard reliable (BASE_BIN) -c #{PG_CONC}, RUST_LOG=warn", pg(:quiet, 'reliable', ENV['BASE_BIN'])],
+    'base-info' => ["playguard reliable (BASE_BIN) -c #{PG_CONC}, RUST_LOG=info", pg(:info, 'reliable', ENV['BASE_BIN'])],
+  } : {}
+).freeze
 
 def spawn_worker(kind, tag)
   env, *cmd = KINDS.fetch(kind)[1]
@@ -66,6 +74,14 @@ def proc_cpu(pid)
   Dir["/proc/#{pid}/task/*/schedstat"].sum { |f| File.read(f).split.first.to_i rescue 0 } / 1e9
 end
 
+# [user, system] seconds from /proc/<pid>/stat (10 ms ticks): where the CPU above went.
+def user_sys(pid)
+  f = File.read("/proc/#{pid}/stat").split(') ').last.split
+  [f[11].to_i, f[12].to_i].map { _1 / Etc.sysconf(Etc::SC_CLK_TCK).to_f }
+rescue Errno::ENOENT
+  [0.0, 0.0]
+end
+
 def vmhwm_kb(pid) = File.read("/proc/#{pid}/status")[/^VmHWM:\s+(\d+)/, 1].to_i
 
 # The driver's own commands (its polling script and what that script calls), left out of the
@@ -92,10 +108,12 @@ def throughput(kind)
   wait_for("#{kind}: first pop", 60, 0.0005) { R.llen('queue:bench') < N }
   first = now
   cpu0 = proc_cpu(pid)
+  us0 = user_sys(pid)
   rcpu0 = redis_cpu
   wait_for("#{kind}: queue drained", 300, 0.001) { R.eval(LEFT, keys: ['queue:bench']).zero? }
   done = now
   cpu = proc_cpu(pid) - cpu0
+  user, sys = user_sys(pid).zip(us0).map { |a, b| (a - b) * 1e6 / N }
   rcpu = redis_cpu - rcpu0
   stats = commandstats.reject { |c, _| OWN.include?(c) }
   rss = vmhwm_kb(pid)
@@ -106,7 +124,7 @@ def throughput(kind)
   stop_worker(pid)
   calls = stats.values.sum
   { rate: N / (done - first), cpu_us: cpu * 1e6 / N, redis_us: rcpu * 1e6 / N,
-    cmds: calls.to_f / N, rss_mb: rss / 1024.0,
+    cmds: calls.to_f / N, rss_mb: rss / 1024.0, user_us: user, sys_us: sys,
     top: stats.sort_by { -_2 }.first(5).map { |c, n| [c, n.to_f / N] } }
 end
 
@@ -145,8 +163,9 @@ ROUNDS.times do |round|
   kinds.rotate(round).each do |k|
     warn "== round #{round + 1}/#{ROUNDS}, #{k}: throughput (#{N} no-op jobs), then idle"
     r = throughput(k).merge(idle(k))
-    warn format('   %d jobs/s, %.1f µs worker CPU/job, %.1f µs Redis CPU/job, %.2f cmds/job, p99 %.2f ms, stop %.0f ms',
-                r[:rate], r[:cpu_us], r[:redis_us], r[:cmds], r[:p99_ms], r[:stop_ms])
+    warn format('   %d jobs/s, %.1f µs worker CPU/job (user %.1f, system %.1f), %.1f µs Redis CPU/job, %.2f cmds/job, ' \
+                'p99 %.2f ms, stop %.0f ms',
+                r[:rate], r[:cpu_us], r[:user_us], r[:sys_us], r[:redis_us], r[:cmds], r[:p99_ms], r[:stop_ms])
     runs[k] << r
   end
 end
@@ -166,10 +185,11 @@ med = runs.transform_values { |rs| rs.first.keys.reject { _1 == :top }.to_h { |k
 lines = []
 lines << "Medians of #{ROUNDS} interleaved rounds (min–max in brackets); #{N} no-op jobs pushed with `push_bulk` before the worker starts; jobs/s from the first pop to the last ack."
 lines << ''
-lines << '| worker | jobs/s | worker CPU µs/job | Redis CPU µs/job | Redis cmds/job | peak RSS MB | idle pick-up p50 / p99 ms | idle Redis cmds/s | idle TERM → exit ms |'
-lines << '|---|---:|---:|---:|---:|---:|---:|---:|---:|'
+lines << '| worker | jobs/s | worker CPU µs/job | of which user / system | Redis CPU µs/job | Redis cmds/job | peak RSS MB | idle pick-up p50 / p99 ms | idle Redis cmds/s | idle TERM → exit ms |'
+lines << '|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|'
 runs.each do |k, rs|
-  lines << "| #{KINDS[k][0]} | #{cell(rs, :rate, '%d')} | #{cell(rs, :cpu_us, '%.1f')} | #{cell(rs, :redis_us, '%.1f')} | " \
+  lines << "| #{KINDS[k][0]} | #{cell(rs, :rate, '%d')} | #{cell(rs, :cpu_us, '%.1f')} | " \
+           "#{format('%.1f / %.1f', med[k][:user_us], med[k][:sys_us])} | #{cell(rs, :redis_us, '%.1f')} | " \
            "#{format('%.2f', med[k][:cmds])} | #{format('%.1f', med[k][:rss_mb])} | " \
            "#{format('%.2f / %.2f', med[k][:p50_ms], med[k][:p99_ms])} | #{format('%.1f', med[k][:idle_cmds])} | " \
            "#{cell(rs, :stop_ms, '%.0f')} |"
@@ -181,13 +201,14 @@ end
 lines << ''
 lines << '| same run, same log level | quiet | INFO |'
 lines << '|---|---:|---:|'
-[%w[reliable ruby], %w[reliable rusty], %w[basic ruby], %w[basic rusty]].each do |a, b|
+[%w[reliable ruby], %w[reliable rusty], %w[basic ruby], %w[basic rusty], %w[reliable base]].each do |a, b|
   q = ratio.("#{a}-quiet", "#{b}-quiet")
   i = ratio.("#{a}-info", "#{b}-info")
-  lines << "| playguard #{a} ÷ #{b == 'ruby' ? 'Ruby Sidekiq' : 'rusty-sidekiq'} | #{q || 'n/a'} | #{i || 'n/a'} |" if q || i
+  them = { 'ruby' => 'Ruby Sidekiq', 'rusty' => 'rusty-sidekiq', 'base' => 'BASE_BIN' }.fetch(b)
+  lines << "| playguard #{a} ÷ #{them} | #{q || 'n/a'} | #{i || 'n/a'} |" if q || i
 end
 lines << ''
-costs = %w[ruby rusty reliable basic].filter_map do |w|
+costs = %w[ruby rusty reliable basic base].filter_map do |w|
   next unless med["#{w}-quiet"] && med["#{w}-info"]
   format('%s %.0f%%', w, 100.0 * (1 - med["#{w}-info"][:rate] / med["#{w}-quiet"][:rate]))
 end

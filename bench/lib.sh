@@ -4,7 +4,7 @@
 bench_root="$(dirname "$here")"
 cd "$bench_root"
 if [ -z "${SKIP_BUILD:-}" ]; then
-  cargo build --release --example bench_worker
+  cargo build --release --example bench_worker --example spawn_floor
 fi
 bin="${PG_BIN:-${CARGO_TARGET_DIR:-$bench_root/target}/release/examples/bench_worker}"
 [ -x "$bin" ] || { echo "missing $bin" >&2; exit 1; }

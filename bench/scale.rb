@@ -283,6 +283,11 @@ if want.('reconcile')
   n = Integer(ENV.fetch('CYCLES', '2000'))
   phase_counts = ENV.fetch('RECONCILE_PHASES', '1,6').split(',').map { Integer(_1) }
   warn "== reconcile cycles: #{n} Marquees, #{phase_counts.join(' vs ')} /bin/true phases (-c 25)"
+  # The machine's own ceiling, measured here in the same run: bare spawns of /bin/true on every
+  # core with nothing else running. A one-phase cycle is one such spawn plus the rest.
+  floor_bin = File.join(File.dirname(BIN), 'spawn_floor')
+  ceiling = Float(IO.popen([floor_bin, Etc.nprocessors.to_s, n.to_s], &:read))
+  warn format('   ceiling: %.0f bare /bin/true spawns/s (%d threads, nothing else running)', ceiling, Etc.nprocessors)
   r = phase_counts.map do |phases|
     dir = Dir.mktmpdir("scale-reconcile-#{phases}", OUT)
     FileUtils.mkdir_p(File.join(dir, 'jobs'))
@@ -336,6 +341,9 @@ if want.('reconcile')
   if r.size == 2
     ROWS << ['reconcile', 'cycles/s (wall clock)', '1 phase', format('%.0f', r[0][:rate]), '6 phases',
              format('%.0f', r[1][:rate]), format('%.2f', r[1][:rate] / r[0][:rate]), 'n/a']
+    ROWS << ['reconcile', "the machine's ceiling: bare /bin/true spawns/s on #{Etc.nprocessors} threads, then one-phase cycles/s",
+             'spawns/s', format('%.0f', ceiling), 'cycles/s', format('%.0f', r[0][:rate]),
+             format('%.2f', r[0][:rate] / ceiling), 'n/a']
     row('reconcile', 'CPU ms per phase (worker + guardian + commands)', '1 phase', r[0], '6 phases', r[1], :cpu_ms_phase)
   end
 end

@@ -20,9 +20,9 @@ pub fn job_env(
     lock: Option<LockEnv>,
 ) -> Vec<(String, String)> {
     let mut env = vec![
-        ("PLAYGUARD_JID".to_string(), ctx.jid.clone()),
-        ("PLAYGUARD_CLASS".to_string(), ctx.class.clone()),
-        ("PLAYGUARD_QUEUE".to_string(), ctx.queue.clone()),
+        ("PLAYGUARD_JID".to_string(), ctx.jid.to_string()),
+        ("PLAYGUARD_CLASS".to_string(), ctx.class.to_string()),
+        ("PLAYGUARD_QUEUE".to_string(), ctx.queue.to_string()),
         (
             "PLAYGUARD_ARGS".to_string(),
             serde_json::to_string(&ctx.args).unwrap_or_else(|_| "[]".into()),

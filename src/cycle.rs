@@ -302,10 +302,10 @@ async fn run_cycle(
         .as_deref()
         .map(|l| render_template(l, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args))
         .unwrap_or_else(|| key.clone());
-    let holder = ctx.locks_record.clone().map(|record| lock::Holder {
-        record,
-        jid: ctx.jid.clone(),
-        class: ctx.class.clone(),
+    let holder = ctx.locks_record.as_deref().map(|record| lock::Holder {
+        record: record.to_string(),
+        jid: ctx.jid.to_string(),
+        class: ctx.class.to_string(),
         label: lock.label.as_ref().map(|_| label.clone()),
     });
     let lease = match lock::acquire_as(&ctx.redis, &key, lock.ttl, holder.as_ref()).await {

@@ -6,7 +6,6 @@ use crate::retry::Failure;
 use crate::shutdown::Shutdown;
 use crate::slots::SlotGuard;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,10 +15,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Everything a running job may know about itself.
 #[derive(Clone)]
 pub struct JobContext {
-    pub jid: String,
+    pub jid: Arc<str>,
     /// The class dispatched on (ActiveJob's job_class for wrapper payloads).
-    pub class: String,
-    pub queue: String,
+    pub class: Arc<str>,
+    pub queue: Arc<str>,
     /// `args`, or ActiveJob's `arguments`.
     pub args: Vec<Value>,
     pub retry_count: Option<i64>,
@@ -36,7 +35,7 @@ pub struct JobContext {
     pub liveness: crate::liveness::JobLease,
     /// `playguard:locks:<identity>`, where the locks this job takes are recorded so the sweep
     /// can release them if this process dies; None when no sweep would (basic fetch).
-    pub locks_record: Option<String>,
+    pub locks_record: Option<Arc<str>>,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 
@@ -94,7 +93,7 @@ where
 /// Class name -> handler.
 #[derive(Default, Clone)]
 pub struct Registry {
-    map: HashMap<String, Arc<dyn Handler>>,
+    map: crate::FastMap<String, Arc<dyn Handler>>,
 }
 
 impl Registry {

@@ -83,7 +83,7 @@ pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
 /// original job string (so readers parse it a second time, exactly as for Ruby-run jobs), plus
 /// `phase` for phased jobs. 6.4.1's busy.erb ignores extra keys; the API hands them through.
 pub fn work_entry_json(e: &crate::slots::SlotEntry) -> String {
-    let mut entry = json!({"queue": e.queue, "payload": &*e.payload, "run_at": e.run_at});
+    let mut entry = json!({"queue": &*e.queue, "payload": &*e.payload, "run_at": e.run_at});
     if let Some(p) = &e.phase {
         entry["phase"] = json!(p);
     }

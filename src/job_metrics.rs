@@ -17,7 +17,7 @@
 //! Sidekiq, counts taken for a beat whose write fails are dropped, so memory stays bounded.
 
 use chrono::{DateTime, TimeZone, Utc};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 /// Minute hashes and histograms live 8 hours (`SHORT_TERM`, `HISTOGRAM_TTL`).
@@ -80,7 +80,7 @@ struct Fold {
 }
 
 /// Unix minute -> class -> counters.
-type Minutes = BTreeMap<i64, HashMap<String, Fold>>;
+type Minutes = BTreeMap<i64, crate::FastMap<String, Fold>>;
 
 pub struct JobMetrics {
     mode: Mode,
@@ -103,16 +103,12 @@ impl JobMetrics {
         }
     }
 
-    /// Count one finished run of `class` (now).
-    pub fn record(&self, class: &str, failed: bool, ms: u64) {
-        self.record_at(Utc::now(), class, failed, ms);
-    }
-
-    pub fn record_at(&self, at: DateTime<Utc>, class: &str, failed: bool, ms: u64) {
+    /// Count one finished run of `class` that ended at `secs` (Unix seconds).
+    pub fn record(&self, secs: i64, class: &str, failed: bool, ms: u64) {
         if self.mode == Mode::Off {
             return;
         }
-        let minute = at.timestamp().div_euclid(60);
+        let minute = secs.div_euclid(60);
         let mut minutes = self.minutes.lock().unwrap();
         let classes = minutes.entry(minute).or_default();
         // No allocation for a class already seen this minute.
@@ -128,6 +124,10 @@ impl JobMetrics {
             fold.ms += ms;
             fold.buckets[bucket(ms)] += 1;
         }
+    }
+
+    pub fn record_at(&self, at: DateTime<Utc>, class: &str, failed: bool, ms: u64) {
+        self.record(at.timestamp(), class, failed, ms);
     }
 
     /// Move everything folded so far into `pipe` (each command's reply ignored). Called by the
@@ -197,7 +197,7 @@ pub fn v8_histogram_key(class: &str, at: DateTime<Utc>) -> String {
 /// success, even when it adds 0), then EXPIRE each hash.
 fn write_minute(
     pipe: &mut redis::Pipeline,
-    classes: &HashMap<String, Fold>,
+    classes: &crate::FastMap<String, Fold>,
     keys: &[(String, i64)],
 ) {
     for (key, ttl) in keys {
@@ -263,10 +263,10 @@ mod tests {
     #[test]
     fn off_records_nothing_and_a_flush_empties_the_fold() {
         let m = JobMetrics::new(Mode::Off);
-        m.record("A", false, 3);
+        m.record(1_796_095_478, "A", false, 3);
         assert!(m.minutes.lock().unwrap().is_empty());
         let m = JobMetrics::new(Mode::Both);
-        m.record("A", false, 3);
+        m.record(1_796_095_478, "A", false, 3);
         let mut pipe = redis::pipe();
         m.flush_into(&mut pipe);
         assert!(pipe.cmd_iter().next().is_some());

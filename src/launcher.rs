@@ -322,7 +322,9 @@ pub async fn run_with(
     };
     let metrics = Arc::new(crate::metrics::Metrics::default());
     metrics.know_classes(registry.classes());
+    let locks_record = Worker::locks_record_for(&identity, &fetch);
     let worker = Arc::new(Worker {
+        locks_record,
         client,
         conn,
         db,

@@ -6,7 +6,7 @@
 //! Callers hand in plain labels ([`JobEnd`], [`JobFate`]), so this module needs neither the
 //! handler's `Outcome` nor the retry `Decision`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, Weak};
@@ -82,7 +82,7 @@ pub struct Metrics {
     other_classes: Mutex<std::collections::HashSet<String>>,
     /// The per-job families, by queue then payload class: bumped in place, no allocation once
     /// a (queue, class) was seen; folded into the labelled families when rendered.
-    jobs: Mutex<HashMap<String, HashMap<String, JobSeries>>>,
+    jobs: Mutex<crate::FastMap<String, crate::FastMap<String, JobSeries>>>,
 }
 
 /// What the job families hold for one (queue, payload class).

@@ -27,24 +27,25 @@ pub enum PayloadError {
 /// (Sidekiq's retry bookkeeping) does. A finished job never builds it.
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// The exact string popped from Redis; pushed back unchanged on requeue.
-    pub raw: String,
+    /// The exact string popped from Redis; pushed back unchanged on requeue. Shared with the
+    /// job's context and its slot (the Busy page's payload).
+    pub raw: std::sync::Arc<str>,
     /// The queue it was popped from (Sidekiq uses this, not the payload's `queue`, for retries).
-    pub queue: String,
+    pub queue: std::sync::Arc<str>,
     head: Head,
     msg: std::sync::OnceLock<Map<String, Value>>,
 }
 
-/// The top-level fields a run reads, named once: `Head` holds each as the JSON value the
-/// payload has (None = key absent), `HeadRef` the same fields borrowed from the payload (every
-/// other key is skipped: checked as JSON, never built). A field given twice fails the
-/// borrowed parse; the full parse then decides (its rule: the last one wins), so the answer
-/// never differs from parsing the whole object.
+/// The top-level fields a run reads, named once: `Head` holds each as a `Field` (the JSON
+/// value the payload has, or where in the payload a plain string is), `HeadRef` the same fields
+/// borrowed from the payload (every other key is skipped: checked as JSON, never built). A
+/// field given twice fails the borrowed parse; the full parse then decides (its rule: the last
+/// one wins), so the answer never differs from parsing the whole object.
 macro_rules! head_fields {
     ($($field:ident),*) => {
         #[derive(Debug, Clone, Default)]
         struct Head {
-            $($field: Option<Value>,)*
+            $($field: Field,)*
         }
 
         #[derive(serde::Deserialize)]
@@ -56,38 +57,87 @@ macro_rules! head_fields {
         }
 
         impl Head {
-            fn from_ref(h: HeadRef<'_>) -> Result<Head, serde_json::Error> {
+            fn from_ref(h: HeadRef<'_>, raw: &str) -> Result<Head, serde_json::Error> {
                 Ok(Head {
-                    $($field: h.$field.map(|r| head_value(r.get())).transpose()?,)*
+                    $($field: match h.$field {
+                        Some(r) => Field::of(r.get(), raw)?,
+                        None => Field::Absent,
+                    },)*
                 })
             }
 
             fn from_map(m: &Map<String, Value>) -> Head {
                 Head {
-                    $($field: m.get(stringify!($field)).cloned(),)*
+                    $($field: m
+                        .get(stringify!($field))
+                        .map_or(Field::Absent, |v| Field::Value(Box::new(v.clone()))),)*
                 }
+            }
+
+            /// Every field as a JSON value (None = absent), whatever its form.
+            #[cfg(test)]
+            fn values(&self, raw: &str) -> Vec<Option<Value>> {
+                vec![$(self.$field.value(raw),)*]
             }
         }
     };
 }
 
-head_fields!(class, args, jid, wrapped, display_class, retry_count);
+/// One head field. A plain string (no escapes, the common case) is where it lies in the
+/// payload, not a copy: reading it allocates nothing.
+#[derive(Debug, Clone, Default)]
+enum Field {
+    #[default]
+    Absent,
+    /// A string without escapes: `raw[start..end]`, the text between its quotes.
+    Text(usize, usize),
+    /// `[]`.
+    EmptyArray,
+    /// Anything else, parsed.
+    Value(Box<Value>),
+}
 
-/// One head field's value from its JSON text, which the borrowed parse has already checked
-/// is valid JSON. The common shapes skip serde: a string without escapes is exactly the text
-/// between its quotes (control characters would have failed that check), and `[]` is an empty
-/// array. Everything else is parsed.
-fn head_value(text: &str) -> Result<Value, serde_json::Error> {
-    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-        if !inner.contains(['\\', '"']) {
-            return Ok(Value::String(inner.to_owned()));
+impl Field {
+    /// The field from its JSON text `text`, a slice of `raw` the borrowed parse has already
+    /// checked is valid JSON: a string without escapes is exactly the text between its quotes
+    /// (control characters would have failed that check, and a quote inside needs a
+    /// backslash), `[]` is an empty array, everything else is parsed.
+    fn of(text: &str, raw: &str) -> Result<Field, serde_json::Error> {
+        if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+            // Borrowed from `raw`, so inside it (checked, not assumed).
+            let (base, at) = (raw.as_ptr() as usize, inner.as_ptr() as usize);
+            let inside = at >= base && at + inner.len() <= base + raw.len();
+            if inside && !inner.as_bytes().contains(&b'\\') {
+                return Ok(Field::Text(at - base, at - base + inner.len()));
+            }
+        }
+        if text == "[]" {
+            return Ok(Field::EmptyArray);
+        }
+        serde_json::from_str(text).map(|v| Field::Value(Box::new(v)))
+    }
+
+    /// A string field's text (None when absent or not a string).
+    fn str<'a>(&'a self, raw: &'a str) -> Option<&'a str> {
+        match self {
+            Field::Text(a, b) => raw.get(*a..*b),
+            Field::Value(v) => v.as_str(),
+            _ => None,
         }
     }
-    if text == "[]" {
-        return Ok(Value::Array(Vec::new()));
+
+    /// The field as a JSON value (None when absent).
+    fn value(&self, raw: &str) -> Option<Value> {
+        match self {
+            Field::Absent => None,
+            Field::Text(..) => self.str(raw).map(Value::from),
+            Field::EmptyArray => Some(Value::Array(Vec::new())),
+            Field::Value(v) => Some((**v).clone()),
+        }
     }
-    serde_json::from_str(text)
 }
+
+head_fields!(class, args, jid, wrapped, display_class, retry_count);
 
 /// A key that is there, even as `null`, is Some (as `Map::get` sees it).
 fn present<'de, D: serde::Deserializer<'de>>(
@@ -97,11 +147,17 @@ fn present<'de, D: serde::Deserializer<'de>>(
 }
 
 impl Job {
-    pub fn parse(queue: &str, raw: String) -> Result<Job, PayloadError> {
+    pub fn parse(
+        queue: impl Into<std::sync::Arc<str>>,
+        raw: impl Into<std::sync::Arc<str>>,
+    ) -> Result<Job, PayloadError> {
+        let raw = raw.into();
         let msg = std::sync::OnceLock::new();
         // serde would also read a struct from a JSON array, by position: objects only.
         let object = raw.trim_start().starts_with('{');
-        let head = match object.then(|| serde_json::from_str::<HeadRef>(&raw).map(Head::from_ref)) {
+        let head = match object
+            .then(|| serde_json::from_str::<HeadRef>(&raw).map(|h| Head::from_ref(h, &raw)))
+        {
             Some(Ok(Ok(h))) => h,
             // Not an object, not JSON, a key given twice: the full parse says which.
             _ => match serde_json::from_str::<Value>(&raw)? {
@@ -115,7 +171,7 @@ impl Job {
         };
         Ok(Job {
             raw,
-            queue: queue.to_string(),
+            queue: queue.into(),
             head,
             msg,
         })
@@ -134,12 +190,14 @@ impl Job {
     /// Whether this is a job at all: `class` a non-empty string, `args` (when present) an
     /// array, as Sidekiq's client insists. The reason otherwise.
     pub fn check(&self) -> Result<(), String> {
-        match &self.head.class {
-            Some(Value::String(c)) if !c.is_empty() => {}
-            None => return Err("the payload has no class".into()),
-            Some(v) => return Err(format!("class is {v}, not a class name")),
+        match self.head.class.str(&self.raw) {
+            Some(c) if !c.is_empty() => {}
+            _ => match self.head.class.value(&self.raw) {
+                None => return Err("the payload has no class".into()),
+                Some(v) => return Err(format!("class is {v}, not a class name")),
+            },
         }
-        match &self.head.args {
+        match &self.head.args.value(&self.raw) {
             None | Some(Value::Array(_)) => Ok(()),
             Some(v) => Err(format!(
                 "args is {}, not an array",
@@ -154,27 +212,23 @@ impl Job {
         }
     }
 
-    fn head_str(v: &Option<Value>) -> Option<&str> {
-        v.as_ref().and_then(Value::as_str)
-    }
-
     pub fn jid(&self) -> &str {
-        Self::head_str(&self.head.jid).unwrap_or("")
+        self.head.jid.str(&self.raw).unwrap_or("")
     }
 
     /// The `class` field as enqueued (the wrapper for ActiveJob).
     pub fn class(&self) -> &str {
-        Self::head_str(&self.head.class).unwrap_or("")
+        self.head.class.str(&self.raw).unwrap_or("")
     }
 
     /// `wrapped`: the job class Rails' adapter names for a wrapper payload.
     pub fn wrapped(&self) -> Option<&str> {
-        Self::head_str(&self.head.wrapped)
+        self.head.wrapped.str(&self.raw)
     }
 
     pub fn args(&self) -> Vec<Value> {
         match &self.head.args {
-            Some(Value::Array(a)) => a.clone(),
+            Field::Value(v) => v.as_array().cloned().unwrap_or_default(),
             _ => Vec::new(),
         }
     }
@@ -183,7 +237,10 @@ impl Job {
         if !ACTIVE_JOB_WRAPPERS.contains(&self.class()) {
             return None;
         }
-        self.head.args.as_ref()?.as_array()?.first()?.as_object()
+        match &self.head.args {
+            Field::Value(v) => v.as_array()?.first()?.as_object(),
+            _ => None,
+        }
     }
 
     /// The class we dispatch on: `args[0].job_class` for ActiveJob wrappers, else `class`.
@@ -204,13 +261,23 @@ impl Job {
 
     /// Name shown in logs, following the Web UI's display rule (display_class, wrapped, class).
     pub fn display_class(&self) -> &str {
-        Self::head_str(&self.head.display_class)
+        self.display_class_or(self.dispatch_class())
+    }
+
+    /// `display_class` when `dispatch_class` is already known.
+    pub fn display_class_or<'a>(&'a self, dispatch_class: &'a str) -> &'a str {
+        self.head
+            .display_class
+            .str(&self.raw)
             .or_else(|| self.wrapped())
-            .unwrap_or_else(|| self.dispatch_class())
+            .unwrap_or(dispatch_class)
     }
 
     pub fn retry_count(&self) -> Option<i64> {
-        self.head.retry_count.as_ref().and_then(Value::as_i64)
+        match &self.head.retry_count {
+            Field::Value(v) => v.as_i64(),
+            _ => None,
+        }
     }
 
     /// Sidekiq 8 writes integer epoch milliseconds; <= 7 float seconds. We answer in the unit
@@ -293,22 +360,19 @@ mod tests {
                 _ => unreachable!(),
             };
             let head = Head::from_map(&full);
-            assert_eq!(format!("{:?}", job.head), format!("{head:?}"), "{raw}");
+            assert_eq!(job.head.values(raw), head.values(raw), "{raw}");
             assert_eq!(job.msg(), &full);
         }
         assert!(matches!(
-            Job::parse("q", "[1]".into()),
+            Job::parse("q", "[1]"),
             Err(PayloadError::NotObject)
         ));
-        assert!(matches!(
-            Job::parse("q", "{".into()),
-            Err(PayloadError::Json(_))
-        ));
+        assert!(matches!(Job::parse("q", "{"), Err(PayloadError::Json(_))));
     }
 
     #[test]
     fn millis_detected_by_json_type() {
-        let job = Job::parse("q", r#"{"created_at":1796095478843}"#.into()).unwrap();
+        let job = Job::parse("q", r#"{"created_at":1796095478843}"#).unwrap();
         assert!(job.uses_millis());
         assert!(now_value(true).is_i64());
     }

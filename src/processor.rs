@@ -17,7 +17,62 @@ use tracing::Instrument;
 /// How long past the shutdown deadline a self-stopping job may take to report back.
 pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
 
-pub async fn process(worker: &Arc<Worker>, f: UnitOfWork) {
+/// `started`: when the runner began with this job (its pace and the job's elapsed time).
+///
+/// Not an `async fn`: the payload is parsed before the future is built, and the future is the
+/// run's own (or the boxed burial's), not one that also keeps room for the parse, the burial
+/// and a copy of the run. Every job's task is built from it, so its size is copied per job.
+pub fn process(
+    worker: &Arc<Worker>,
+    f: UnitOfWork,
+    started: Instant,
+) -> impl std::future::Future<Output = ()> + Send + '_ {
+    use futures::future::Either;
+    match parse(worker, &f) {
+        Ok(job) => {
+            let names = Names::of(&job);
+            let (span, lines) =
+                crate::job_lines::JobLines::open(&names.jid, &names.shown, &f.queue);
+            Either::Left(run_job(worker, f, job, names, lines, started).instrument(span))
+        }
+        Err((why, entry)) => Either::Right(
+            Box::pin(async move {
+                let entry = entry.as_deref().unwrap_or(&f.raw);
+                bury_garbage(worker, &f, &why, entry).await
+            })
+            .instrument(crate::logging::root().clone()),
+        ),
+    }
+}
+
+/// A job's names, each allocated once and shared by its slot, its context, its log lines and
+/// the metrics.
+struct Names {
+    /// The class dispatched on.
+    class: Arc<str>,
+    /// The class shown (logs, Busy page, metrics).
+    shown: Arc<str>,
+    jid: Arc<str>,
+}
+
+impl Names {
+    fn of(job: &Job) -> Names {
+        let dispatch = job.dispatch_class();
+        let class: Arc<str> = dispatch.into();
+        let shown = match job.display_class_or(dispatch) {
+            d if d == dispatch => class.clone(),
+            d => d.into(),
+        };
+        Names {
+            class,
+            shown,
+            jid: job.jid().into(),
+        }
+    }
+}
+
+/// The job, or why it is not one and what goes to the dead set (None: the payload as is).
+fn parse(worker: &Worker, f: &UnitOfWork) -> Result<Job, (String, Option<Vec<u8>>)> {
     let limit = worker.config.max_payload_bytes;
     let parsed = if f.raw.len() > limit {
         Err(format!(
@@ -25,32 +80,32 @@ pub async fn process(worker: &Arc<Worker>, f: UnitOfWork) {
             f.raw.len()
         ))
     } else {
-        match String::from_utf8(f.raw.clone()) {
-            Ok(text) => Job::parse(&f.queue, text).map_err(|e| e.to_string()),
+        // One copy of the payload, shared from here on by the job, its context and its slot;
+        // the unit of work keeps its bytes for the ack.
+        match std::str::from_utf8(&f.raw) {
+            Ok(text) => Job::parse(f.queue.clone(), text).map_err(|e| e.to_string()),
             Err(_) => Err("payload is not valid UTF-8".to_string()),
         }
     };
-    let job = match parsed {
-        Ok(j) => j,
-        Err(e) => {
-            return bury_garbage(worker, &f, &e, &f.raw)
-                .instrument(crate::logging::root().clone())
-                .await
-        }
-    };
+    let job = parsed.map_err(|e| (e, None))?;
     if let Err(e) = job.check() {
         // Readable, so it is kept with the reason (the Web UI shows it), the rest unchanged.
         let entry = crate::retry::dead_entry(&f.raw, error_class::INVALID_PAYLOAD_ERROR, &e);
         let why = format!("{}: {e}", error_class::INVALID_PAYLOAD_ERROR);
-        return bury_garbage(worker, &f, &why, &entry)
-            .instrument(crate::logging::root().clone())
-            .await;
+        return Err((why, Some(entry)));
     }
-    let (span, lines) = crate::job_lines::JobLines::open(job.jid(), job.display_class(), &f.queue);
-    run_job(worker, f, job, lines).instrument(span).await
+    Ok(job)
 }
 
-async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::job_lines::JobLines) {
+async fn run_job(
+    worker: &Arc<Worker>,
+    f: UnitOfWork,
+    job: Job,
+    names: Names,
+    lines: crate::job_lines::JobLines,
+    started: Instant,
+) {
+    let Names { class, shown, jid } = names;
     let lease = crate::liveness::JobLease {
         liveness: worker.liveness.clone(),
         epoch: f.epoch,
@@ -59,18 +114,20 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
     // returned it and another process be running it. Hand it back (only if still ours).
     if lease.lapsed() {
         tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
-        worker.fetch.requeue_logged(&f).await;
+        Box::pin(worker.fetch.requeue_logged(&f)).await;
         return;
     }
-    let started = Instant::now();
-    let class = job.dispatch_class().to_string();
-    let shown = job.display_class().to_string();
-    let payload: Arc<str> = Arc::from(job.raw.as_str());
+    // Wall-clock seconds once, without a calendar (chrono's now() converts to one): `run_at`
+    // and, with the run's monotonic length added, the Metrics minute the run ended in.
+    let run_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let payload = job.raw.clone();
     let slot = Arc::new(worker.slots.begin(SlotEntry {
         queue: f.queue.clone(),
         payload: payload.clone(),
-        run_at: chrono::Utc::now().timestamp(),
-        jid: job.jid().to_string(),
+        run_at,
+        jid: jid.clone(),
         class: shown.clone(),
         phase: None,
         started,
@@ -86,7 +143,7 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
         )),
         Some(h) => {
             let ctx = JobContext {
-                jid: job.jid().to_string(),
+                jid,
                 class: class.clone(),
                 queue: f.queue.clone(),
                 args: job.dispatch_args(),
@@ -97,7 +154,7 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
                 metrics: worker.metrics.clone(),
                 db: worker.db.clone(),
                 liveness: lease.clone(),
-                locks_record: worker.locks_record(),
+                locks_record: worker.locks_record.clone(),
                 slot: Some(slot.clone()),
             };
             // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
@@ -113,32 +170,19 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
             };
             // perform() itself runs inside the guard too: a closure may panic before its
             // async block starts.
-            let mut run = Box::pin(
+            let mut run: Run = Box::pin(
                 std::panic::AssertUnwindSafe(async move { h.perform(ctx).await }).catch_unwind(),
             );
-            let caught = |r: std::thread::Result<Outcome>| match r {
-                Ok(o) => o,
-                Err(p) => Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
-            };
-            // Biased, the job first: one that is done at its first poll (most are) never
-            // arms the deadline's and the lease's watchers (a timer and two subscriptions).
-            tokio::select! {
-                biased;
-                r = &mut run => caught(r),
-                _ = worker.shutdown.hard_deadline() => {
-                    match tokio::time::timeout(grace, &mut run).await {
-                        Ok(r) => caught(r),
-                        Err(_) => Outcome::Requeue,
-                    }
-                }
-                // Our alive key may lapse soon and the job be recovered: stop it now (command
-                // and phased jobs kill their groups themselves; a Rust handler is abandoned).
-                _ = lease.lapse() => {
-                    match tokio::time::timeout(grace, &mut run).await {
-                        Ok(r) => caught(r),
-                        Err(_) => Outcome::Requeue,
-                    }
-                }
+            // The job first: one that is done at its first poll (most are) never arms the
+            // deadline's and the lease's watchers (a timer and two subscriptions), nor makes
+            // room for them in this future (which every job's task is built from).
+            let first = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::future::Future::poll(run.as_mut(), cx))
+            })
+            .await;
+            match first {
+                std::task::Poll::Ready(r) => caught(r),
+                std::task::Poll::Pending => Box::pin(supervise(worker, &lease, run, grace)).await,
             }
         }
     };
@@ -151,8 +195,9 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
         }
         o => o,
     };
+    let took = started.elapsed();
     // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
-    let ms = (started.elapsed().as_secs_f64() * 10_000.0).round() / 10.0;
+    let ms = (took.as_secs_f64() * 10_000.0).round() / 10.0;
     let end = match outcome {
         Outcome::Done => crate::metrics::JobEnd::Done,
         Outcome::Failed(_) => crate::metrics::JobEnd::Failed,
@@ -166,9 +211,10 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
     if known {
         let failed = !matches!(outcome, Outcome::Done);
         worker.job_metrics.record(
+            run_at + took.as_secs() as i64,
             crate::job_metrics::class_of(&job),
             failed,
-            started.elapsed().as_millis() as u64,
+            took.as_millis() as u64,
         );
     }
     match outcome {
@@ -199,7 +245,7 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
             retry::add_to_pipeline(&mut pipe, &decision);
-            worker.fetch.settle(&f, pipe).await;
+            Box::pin(worker.fetch.settle(&f, pipe)).await;
         }
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
@@ -209,10 +255,49 @@ async fn run_job(worker: &Arc<Worker>, f: UnitOfWork, job: Job, lines: crate::jo
             } else {
                 tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
             }
-            worker.fetch.requeue_logged(&f).await;
+            Box::pin(worker.fetch.requeue_logged(&f)).await;
         }
     }
     drop(slot);
+}
+
+/// A handler's run, panics caught.
+type Run =
+    std::pin::Pin<Box<dyn std::future::Future<Output = std::thread::Result<Outcome>> + Send>>;
+
+fn caught(r: std::thread::Result<Outcome>) -> Outcome {
+    match r {
+        Ok(o) => o,
+        Err(p) => Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
+    }
+}
+
+/// A run that did not finish at its first poll, until it ends, the hard deadline comes or the
+/// liveness lease lapses; after either of those it has `grace` left (else: Requeue).
+async fn supervise(
+    worker: &Worker,
+    lease: &crate::liveness::JobLease,
+    mut run: Run,
+    grace: std::time::Duration,
+) -> Outcome {
+    tokio::select! {
+        biased;
+        r = &mut run => caught(r),
+        _ = worker.shutdown.hard_deadline() => {
+            match tokio::time::timeout(grace, &mut run).await {
+                Ok(r) => caught(r),
+                Err(_) => Outcome::Requeue,
+            }
+        }
+        // Our alive key may lapse soon and the job be recovered: stop it now (command
+        // and phased jobs kill their groups themselves; a Rust handler is abandoned).
+        _ = lease.lapse() => {
+            match tokio::time::timeout(grace, &mut run).await {
+                Ok(r) => caught(r),
+                Err(_) => Outcome::Requeue,
+            }
+        }
+    }
 }
 
 /// Most payload characters a log line about a bad payload shows.

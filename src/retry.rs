@@ -132,7 +132,7 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
     }
     let queue = match msg.get("retry_queue").and_then(Value::as_str) {
         Some(q) => q.to_string(),
-        None => job.queue.clone(),
+        None => job.queue.to_string(),
     };
     msg.insert("queue".into(), Value::from(queue));
     let count = match stamp_failure(&mut msg, &failure.class, &failure.message) {

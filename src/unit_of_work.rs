@@ -6,7 +6,8 @@
 /// back) unchanged.
 #[derive(Debug, Clone)]
 pub struct UnitOfWork {
-    pub queue: String,
+    /// Shared by every job of one fetch from this queue (and the job's context and slot).
+    pub queue: std::sync::Arc<str>,
     pub raw: Vec<u8>,
     /// The liveness lapse count when the fetch was sent: a job whose process lapsed since may
     /// already have been recovered by another process (see `liveness.rs`).

@@ -25,14 +25,16 @@ pub struct Worker {
     /// `DATABASE_URL`: fences for `fence = "database"` locks and the cycle ledger.
     pub db: Option<crate::db::Db>,
     pub liveness: crate::liveness::Liveness,
+    /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep to release if
+    /// we die; None where no sweep recovers our jobs. Named once: every job's context has it.
+    pub locks_record: Option<Arc<str>>,
 }
 
 impl Worker {
-    /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep to release if
-    /// we die (only where a sweep recovers our jobs).
-    pub fn locks_record(&self) -> Option<String> {
-        self.fetch
+    /// The `locks_record` a worker with this identity and fetch strategy has.
+    pub fn locks_record_for(identity: &str, fetch: &FetchStrategy) -> Option<Arc<str>> {
+        fetch
             .recovers_orphans()
-            .then(|| crate::lock::locks_record_key(&self.identity))
+            .then(|| crate::lock::locks_record_key(identity).into())
     }
 }

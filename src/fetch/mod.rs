@@ -103,10 +103,19 @@ impl FetchLoop {
     /// slot at quiet hands its job back too, never starting it.
     async fn start_held(&mut self) -> Result<(), Quieted> {
         while let Some(job) = self.held.pop() {
-            let credit = tokio::select! {
-                biased;
-                _ = self.worker.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
-                p = self.credits.clone().acquire_owned() => p.expect("semaphore never closed"),
+            if self.worker.shutdown.is_quiet() {
+                self.held.push(job);
+                return Err(Quieted);
+            }
+            // A free credit is taken at once: waiting (and so watching for quiet) is only
+            // for when there is none.
+            let credit = match self.credits.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => tokio::select! {
+                    biased;
+                    _ = self.worker.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
+                    p = self.credits.clone().acquire_owned() => p.expect("semaphore never closed"),
+                },
             };
             let worker = self.worker.clone();
             let slots = self.slots.clone();
@@ -119,6 +128,8 @@ impl FetchLoop {
                 // for its slot at quiet hands its job back, never starting it.
                 let slot = if worker.shutdown.is_quiet() {
                     None
+                } else if let Ok(p) = slots.clone().try_acquire_owned() {
+                    Some(p)
                 } else {
                     tokio::select! {
                         biased;
@@ -127,12 +138,12 @@ impl FetchLoop {
                     }
                 };
                 let Some(slot) = slot else {
-                    worker.fetch.requeue_logged(&job).await;
+                    Box::pin(worker.fetch.requeue_logged(&job)).await;
                     drop(credit);
                     return;
                 };
                 let started = std::time::Instant::now();
-                processor::process(&worker, job).await;
+                processor::process(&worker, job, started).await;
                 pace.record(started.elapsed());
                 drop(slot);
                 drop(credit);

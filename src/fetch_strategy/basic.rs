@@ -52,9 +52,10 @@ impl BasicFetch {
         }
         let popped: Vec<Option<Vec<Vec<u8>>>> = p.query_async(&mut conn).await?;
         for ((i, _), jobs) in plan.iter().zip(popped) {
+            let queue: std::sync::Arc<str> = order[*i].into();
             for raw in jobs.into_iter().flatten() {
                 out.push(UnitOfWork {
-                    queue: order[*i].to_string(),
+                    queue: queue.clone(),
                     raw,
                     epoch,
                     seq: 0,

@@ -131,7 +131,7 @@ impl FetchStrategy {
         Ok(match wait {
             Wait::Queue(q) => redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| {
                 let mut job = UnitOfWork {
-                    queue: q.clone(),
+                    queue: q.as_str().into(),
                     raw,
                     epoch,
                     seq: 0,
@@ -144,7 +144,7 @@ impl FetchStrategy {
             Wait::AllQueues => {
                 redis::from_redis_value::<Option<(String, Vec<u8>)>>(reply)?.map(|(k, raw)| {
                     UnitOfWork {
-                        queue: k.strip_prefix("queue:").unwrap_or(&k).to_string(),
+                        queue: k.strip_prefix("queue:").unwrap_or(&k).into(),
                         raw,
                         epoch,
                         seq: 0,

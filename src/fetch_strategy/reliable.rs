@@ -80,6 +80,7 @@ impl ReliableFetch {
                 let queue = chunk[i - 1];
                 // Oldest first, as the script pushed them: their order in the working list.
                 let seq = self.acks.fetched(queue, jobs.len());
+                let queue: std::sync::Arc<str> = queue.into();
                 out.reserve(jobs.len());
                 for (k, job) in jobs.into_iter().enumerate() {
                     // The reply's own buffer becomes the job's bytes: no copy per job.
@@ -88,7 +89,7 @@ impl ReliableFetch {
                         other => redis::from_redis_value_ref(&other)?,
                     };
                     out.push(UnitOfWork {
-                        queue: queue.to_string(),
+                        queue: queue.clone(),
                         raw,
                         epoch,
                         seq: seq + k as u64,

@@ -17,7 +17,7 @@
 //! ends are not the payloads expected and the acks fall back to one LREM each, which is
 //! always right.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// How long the oldest running job may hold finished ones behind it before they are
@@ -54,7 +54,7 @@ pub(super) enum Ack {
 
 #[derive(Default)]
 pub(super) struct WorkingOrder {
-    lanes: HashMap<String, Lane>,
+    lanes: crate::FastMap<String, Lane>,
     /// Finished jobs this picture does not hold (fetched before a reset): acknowledged by LREM.
     loose: Vec<(String, Vec<u8>)>,
 }
