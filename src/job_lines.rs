@@ -40,7 +40,7 @@ impl JobLines {
         let fields = fields(jid, class, queue);
         let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
             playguard_job_fields = %fields);
-        let direct = Some((prefix(std::process::id(), &fields), writer));
+        let direct = Some((prefix(&fields), writer));
         (span, JobLines { direct })
     }
 
@@ -69,17 +69,10 @@ fn fields(jid: &str, class: &str, queue: &str) -> String {
     s
 }
 
-fn prefix(pid: u32, fields: &str) -> String {
-    // Our own pid, formatted once (any other is formatted each time).
-    static OURS: std::sync::OnceLock<(u32, String)> = std::sync::OnceLock::new();
-    let ours = OURS.get_or_init(|| (std::process::id(), std::process::id().to_string()));
-    let other;
-    let pid = if ours.0 == pid {
-        &ours.1
-    } else {
-        other = pid.to_string();
-        &other
-    };
+fn prefix(fields: &str) -> String {
+    // Our pid never changes: formatted once.
+    static PID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let pid = PID.get_or_init(|| std::process::id().to_string());
     let mut s = String::with_capacity(24 + pid.len() + fields.len());
     for part in ["playguard{pid=", pid, "}:job{", fields, "}: "] {
         s.push_str(part);
@@ -126,7 +119,7 @@ mod tests {
             .with_writer(move || w.clone())
             .finish();
         tracing::subscriber::with_default(sub, || {
-            let root = tracing::info_span!("playguard", pid = 7);
+            let root = tracing::info_span!("playguard", pid = std::process::id());
             let _r = root.enter();
             let job = tracing::info_span!("job", jid = %"a1b2", class = %"Hard::Job", queue = %"q");
             let _j = job.enter();
@@ -136,7 +129,7 @@ mod tests {
         });
         let ours = Buf::default();
         let add = |b: &[u8]| ours.0.lock().unwrap().extend_from_slice(b);
-        let p = prefix(7, &fields("a1b2", "Hard::Job", "q"));
+        let p = prefix(&fields("a1b2", "Hard::Job", "q"));
         write_line(add, &p, "start", None);
         write_line(add, &p, "done", Some(0.1));
         write_line(add, &p, "done", Some(12.0));

@@ -92,11 +92,11 @@ mod unit_of_work;
 mod worker;
 
 pub use handler::{JobContext, Outcome, Registry};
+pub use retry::Failure;
 
 /// A map looked up by class or queue name on every job: foldhash, seeded per process, instead
 /// of SipHash (see Cargo.toml).
 pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
-pub use retry::Failure;
 
 /// Internals the integration tests drive directly. Not a stable API.
 #[doc(hidden)]
