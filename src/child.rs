@@ -269,12 +269,11 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(out_r)
         .ok()
         .map(|s| {
-            tokio::spawn(tracing::Instrument::in_current_span(read_lines(
-                s,
-                |line| {
+            tokio::spawn(tracing::Instrument::in_current_span(
+                crate::job_scope::carry(read_lines(s, |line| {
                     tracing::info!(stream = "stdout", "{line}");
-                },
-            )))
+                })),
+            ))
         });
     // Shared, not returned: a reader still blocked after the drain is aborted, and the lines it
     // already read must still make the failure's message.
@@ -283,9 +282,8 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         .ok()
         .map(|s| {
             let tail = tail.clone();
-            tokio::spawn(tracing::Instrument::in_current_span(read_lines(
-                s,
-                move |line| {
+            tokio::spawn(tracing::Instrument::in_current_span(
+                crate::job_scope::carry(read_lines(s, move |line| {
                     tracing::info!(stream = "stderr", "{line}");
                     if !line.trim().is_empty() {
                         let mut tail = tail.lock().unwrap();
@@ -294,8 +292,8 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
                         }
                         tail.push(line);
                     }
-                },
-            )))
+                })),
+            ))
         });
 
     // The leader's exit as the guardian reaped it; None: the guardian went first.

@@ -395,7 +395,7 @@ async fn run_cycle(
             lease_deadline,
             stop_at,
         };
-        // Phase output lines carry the jid (job span), the guarded thing and the phase.
+        // Phase output lines carry the jid (job scope), the guarded thing and the phase.
         let span = tracing::info_span!("phase", lock = %label, phase = %name);
         let end = run_phase(phase.clone(), pctx).instrument(span).await;
         let took = started.elapsed();
@@ -499,7 +499,8 @@ async fn run_cycle(
 /// Run one phase on its own task (a panic is contained), abandoning it if it ignores its stop.
 async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
     let backstop_ctx = ctx.clone();
-    let mut task = tokio::spawn(phase.run(ctx).in_current_span());
+    // Its lines keep the job's context (the scope) and the phase's (the span).
+    let mut task = tokio::spawn(crate::job_scope::carry(phase.run(ctx)).in_current_span());
     tokio::select! {
         r = &mut task => match r {
             Ok(end) => end,

@@ -1,8 +1,8 @@
 //! A job's `start` and `done` lines, the two lines every job logs at INFO (as Sidekiq's
 //! JobLogger does), written straight to the log writer in the text format, byte for byte the
-//! line tracing's formatter would write inside the job's span. Why: through tracing each such
+//! line tracing's formatter would write inside a `job` span. Why: through tracing each such
 //! event is dispatched, its span scope looked up and its fields visited and formatted, which
-//! cost a quarter of a no-op job's instructions; here the span part is formatted once per job
+//! cost a quarter of a no-op job's instructions; here the context is formatted once per job
 //! and each line is a timestamp plus two copies. With `--log-format json`, or when INFO is
 //! filtered out for the processor, the lines go through tracing as any other. Touches no
 //! Redis keys.
@@ -16,32 +16,25 @@ pub(crate) fn write_to(w: crate::log_writer::LineWriter) {
     let _ = WRITER.set(w);
 }
 
-/// One job's context, formatted once: `playguard{pid=…}:job{jid=… class=… queue=…}: `.
+/// One job's lines, its context (`playguard{pid=…}:job{jid=… class=… queue=…}: `) formatted
+/// once for both.
 pub(crate) struct JobLines {
     /// The prefix and the writer, in the text format with INFO on.
     direct: Option<(String, &'static crate::log_writer::LineWriter)>,
 }
 
 impl JobLines {
-    /// The job's span (under the root span) and its lines. In the text format the span holds
-    /// its three fields as one text field, written as is (`logging::JOB_FIELDS`), formatted
-    /// here once for both; JSON keeps them as three fields.
-    pub fn open(jid: &str, class: &str, queue: &str) -> (tracing::Span, JobLines) {
-        let root = crate::logging::root();
-        let Some(writer) = WRITER.get() else {
-            let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
-                jid = %jid, class = %class, queue = %queue);
-            return (span, JobLines { direct: None });
+    /// Direct lines in the text format with INFO on; through tracing otherwise (JSON), or
+    /// nothing to prepare (INFO filtered out). Either way the job's scope (`job_scope.rs`)
+    /// gives other lines its context.
+    pub fn open(tag: &crate::job_scope::JobTag) -> JobLines {
+        let direct = match WRITER.get() {
+            Some(w) if tracing::enabled!(target: "playguard::processor", tracing::Level::INFO) => {
+                Some((prefix(tag), w))
+            }
+            _ => None,
         };
-        // Quiet (INFO filtered out): nothing to format, no span.
-        if !tracing::enabled!(target: "playguard::processor", tracing::Level::INFO) {
-            return (tracing::Span::none(), JobLines { direct: None });
-        }
-        let fields = fields(jid, class, queue);
-        let span = tracing::info_span!(target: "playguard::processor", parent: root, "job",
-            playguard_job_fields = %fields);
-        let direct = Some((prefix(&fields), writer));
-        (span, JobLines { direct })
+        JobLines { direct }
     }
 
     pub fn start(&self) {
@@ -61,20 +54,23 @@ impl JobLines {
 
 /// Built by appending, not with `format!`: the formatting machinery cost more per job than
 /// the rest of both lines.
-fn fields(jid: &str, class: &str, queue: &str) -> String {
-    let mut s = String::with_capacity(24 + jid.len() + class.len() + queue.len());
-    for part in ["jid=", jid, " class=", class, " queue=", queue] {
-        s.push_str(part);
-    }
-    s
-}
-
-fn prefix(fields: &str) -> String {
+fn prefix(t: &crate::job_scope::JobTag) -> String {
     // Our pid never changes: formatted once.
     static PID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let pid = PID.get_or_init(|| std::process::id().to_string());
-    let mut s = String::with_capacity(24 + pid.len() + fields.len());
-    for part in ["playguard{pid=", pid, "}:job{", fields, "}: "] {
+    let parts = [
+        "playguard{pid=",
+        pid,
+        "}:job{jid=",
+        &t.jid,
+        " class=",
+        &t.class,
+        " queue=",
+        &t.queue,
+        "}: ",
+    ];
+    let mut s = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
         s.push_str(part);
     }
     s
@@ -129,7 +125,11 @@ mod tests {
         });
         let ours = Buf::default();
         let add = |b: &[u8]| ours.0.lock().unwrap().extend_from_slice(b);
-        let p = prefix(&fields("a1b2", "Hard::Job", "q"));
+        let p = prefix(&crate::job_scope::JobTag {
+            jid: "a1b2".into(),
+            class: "Hard::Job".into(),
+            queue: "q".into(),
+        });
         write_line(add, &p, "start", None);
         write_line(add, &p, "done", Some(0.1));
         write_line(add, &p, "done", Some(12.0));

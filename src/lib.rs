@@ -12,8 +12,8 @@
 //! **Leaves** (no other module of ours): `payload` (a popped job, Sidekiq's JSON rules),
 //! `queues` (queue order, `queue:<q>`), `error_class`, `identity`, `shutdown` (the one-way
 //! quiet/stop state), `slots` (what each slot runs, unflushed counters), `logging` (line
-//! formats) and `job_lines` (a job's span and its start/done lines) over `log_writer` (one
-//! buffer, one writer thread), `redact`.
+//! formats) over `job_scope` (which job a line belongs to) and `job_lines` (a job's
+//! start/done lines) over `log_writer` (one buffer, one writer thread), `redact`.
 //!
 //! **Connections and stores**: `redis_client` (one server's client, TLS) ← `sentinel` ←
 //! `redis_conn` (the shared and the blocking connections, re-resolving behind sentinels);
@@ -67,6 +67,7 @@ mod heartbeat;
 mod identity;
 mod job_lines;
 mod job_metrics;
+mod job_scope;
 mod ledger;
 mod liveness;
 mod log_writer;

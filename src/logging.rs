@@ -107,6 +107,20 @@ where
                     "level".into(),
                     Value::from(event.metadata().level().as_str()),
                 );
+                let mut job_written = false;
+                let mut job_fields = |map: &mut Map<String, Value>| {
+                    if !std::mem::replace(&mut job_written, true) {
+                        crate::job_scope::with_current(|t| {
+                            if let Some(t) = t {
+                                for (k, v) in
+                                    [("jid", &t.jid), ("class", &t.class), ("queue", &t.queue)]
+                                {
+                                    map.insert(k.into(), Value::from(&**v));
+                                }
+                            }
+                        });
+                    }
+                };
                 if let Some(scope) = ctx.event_scope() {
                     for span in scope.from_root() {
                         let ext = span.extensions();
@@ -118,8 +132,13 @@ where
                                 map.extend(fields);
                             }
                         }
+                        // The job's fields right after the root span's, as a job span's were.
+                        if span.metadata().name() == ROOT_NAME {
+                            job_fields(&mut map);
+                        }
                     }
                 }
+                job_fields(&mut map);
                 event.record(&mut JsonVisitor(&mut map));
                 writeln!(w, "{}", Value::Object(map))
             }
@@ -132,8 +151,28 @@ where
                     tracing::Level::DEBUG => " DEBUG ",
                     tracing::Level::TRACE => " TRACE ",
                 })?;
+                // The job's context (job_scope.rs) is written as a `job` span's would be:
+                // right after the root span, before any inner one.
+                let mut job_written = false;
+                let mut seen = false;
+                let mut job = |w: &mut Writer<'_>, seen: &mut bool| -> fmt::Result {
+                    if std::mem::replace(&mut job_written, true) {
+                        return Ok(());
+                    }
+                    crate::job_scope::with_current(|t| match t {
+                        Some(t) => {
+                            *seen = true;
+                            for part in [
+                                "job{jid=", &t.jid, " class=", &t.class, " queue=", &t.queue, "}:",
+                            ] {
+                                w.write_str(part)?;
+                            }
+                            Ok(())
+                        }
+                        None => Ok(()),
+                    })
+                };
                 if let Some(scope) = ctx.event_scope() {
-                    let mut seen = false;
                     for span in scope.from_root() {
                         w.write_str(span.metadata().name())?;
                         let ext = span.extensions();
@@ -146,10 +185,14 @@ where
                         }
                         w.write_char(':')?;
                         seen = true;
+                        if span.metadata().name() == ROOT_NAME {
+                            job(&mut w, &mut seen)?;
+                        }
                     }
-                    if seen {
-                        w.write_char(' ')?;
-                    }
+                }
+                job(&mut w, &mut seen)?;
+                if seen {
+                    w.write_char(' ')?;
                 }
                 ctx.format_fields(w.by_ref(), event)?;
                 w.write_char('\n')
@@ -220,7 +263,7 @@ impl Visit for TextVisitor<'_> {
         let name = f.name();
         self.result = (|| {
             w.write_str(pad)?;
-            if name != "message" && name != JOB_FIELDS {
+            if name != "message" {
                 w.write_str(name.strip_prefix("r#").unwrap_or(name))?;
                 w.write_char('=')?;
             }
@@ -228,10 +271,6 @@ impl Visit for TextVisitor<'_> {
         })();
     }
 }
-
-/// A span field written as is, without `name=` (the job span's fields, formatted once by
-/// `job_lines.rs` in the text format).
-pub(crate) const JOB_FIELDS: &str = "playguard_job_fields";
 
 /// Install the subscriber. Keep the returned guard alive until exit: dropping it flushes the
 /// lines still buffered for the writer thread.
@@ -263,11 +302,13 @@ pub fn init(json: bool) -> crate::log_writer::Guard {
 }
 
 static ROOT: std::sync::OnceLock<tracing::Span> = std::sync::OnceLock::new();
+/// The root span's name: a job's context is written right after it.
+const ROOT_NAME: &str = "playguard";
 
 /// The root span every line carries, so each shows `pid=`. Spawned tasks are instrumented
-/// with it (or with a job span under it), since tokio tasks do not inherit spans.
+/// with it (a job's context is its `job_scope`), since tokio tasks do not inherit spans.
 pub fn root() -> &'static tracing::Span {
-    ROOT.get_or_init(|| tracing::info_span!("playguard", pid = std::process::id()))
+    ROOT.get_or_init(|| tracing::info_span!(ROOT_NAME, pid = std::process::id()))
 }
 
 #[cfg(test)]
@@ -275,12 +316,18 @@ mod tests {
     use super::*;
     use crate::test_lines::{same_after_time, Buf};
 
-    fn emit() {
+    /// `scoped`: the job's context as ours is set (job_scope.rs); else as a `job` span, the
+    /// way tracing's own formatter is given it.
+    fn emit(scoped: bool) {
         let root = tracing::info_span!("playguard", pid = 7);
         let _r = root.enter();
         tracing::info!(queues = "default", "playguard starting");
-        let job = tracing::info_span!("job", jid = %"a1b2", class = %"Hard", queue = %"q");
-        let _j = job.enter();
+        let (_scope, _span) = if scoped {
+            (Some(crate::job_scope::enter("a1b2", "Hard", "q")), None)
+        } else {
+            let job = tracing::info_span!("job", jid = %"a1b2", class = %"Hard", queue = %"q");
+            (None, Some(job.entered()))
+        };
         tracing::info!("start");
         tracing::info!(elapsed_ms = 0.1, "done");
         tracing::warn!(error = %"boom", jobs = 3usize, ok = true, "acking failed; retrying");
@@ -294,49 +341,9 @@ mod tests {
         tracing::info!(stream = "stdout", "working \"quoted\"");
     }
 
-    /// The job span with its fields as one text field (`JOB_FIELDS`) writes the same lines
-    /// as the span with the three fields.
-    #[test]
-    fn one_text_field_job_span_reads_as_three_fields() {
-        let run = |one: bool| {
-            let buf = Buf::default();
-            let w = buf.clone();
-            let sub = tracing_subscriber::fmt()
-                .with_target(false)
-                .with_ansi(false)
-                .fmt_fields(FastFields)
-                .event_format(LineFormat::FastText)
-                .with_writer(move || w.clone())
-                .finish();
-            tracing::subscriber::with_default(sub, || {
-                let root = tracing::info_span!("playguard", pid = 7);
-                let _r = root.enter();
-                let job = if one {
-                    tracing::info_span!("job", playguard_job_fields = %"jid=a1 class=A::B queue=q")
-                } else {
-                    tracing::info_span!("job", jid = %"a1", class = %"A::B", queue = %"q")
-                };
-                let _j = job.enter();
-                tracing::warn!(error = "x", "fail");
-                let phase = tracing::info_span!("phase", phase = "one");
-                let _p = phase.enter();
-                tracing::info!("out");
-            });
-            buf.text()
-                .lines()
-                .map(|l| l.split_once(' ').unwrap().1.to_string())
-                .collect::<Vec<_>>()
-        };
-        let (one, three) = (run(true), run(false));
-        assert_eq!(one.len(), 2);
-        assert_eq!(one, three);
-        assert!(
-            one[1].contains("job{jid=a1 class=A::B queue=q}:phase{phase=\"one\"}: out"),
-            "{one:?}"
-        );
-    }
-
-    /// The text lines are tracing-subscriber's default layout, byte for byte after the time.
+    /// The text lines are tracing-subscriber's default layout, byte for byte after the time,
+    /// the job's context where a job span's fields would be (after the root's, before the
+    /// phase's).
     #[test]
     fn fast_text_matches_the_default_format() {
         let ours = Buf::default();
@@ -349,19 +356,64 @@ mod tests {
             .event_format(LineFormat::FastText)
             .with_writer(move || w.clone())
             .finish();
-        tracing::subscriber::with_default(sub, emit);
+        tracing::subscriber::with_default(sub, || emit(true));
         let w = theirs.clone();
         let sub = tracing_subscriber::fmt()
             .with_target(false)
             .with_ansi(false)
             .with_writer(move || w.clone())
             .finish();
-        tracing::subscriber::with_default(sub, emit);
+        tracing::subscriber::with_default(sub, || emit(false));
         let (ours, theirs) = (ours.text(), theirs.text());
         assert_eq!(ours.lines().count(), 6, "{ours}");
+        assert!(
+            ours.contains(
+                "playguard{pid=7}:job{jid=a1b2 class=Hard queue=q}:phase{phase=\"one\"}: working"
+            ),
+            "{ours}"
+        );
         for ta in same_after_time(&ours, &theirs) {
             assert!(chrono::DateTime::parse_from_rfc3339(ta).is_ok(), "{ta}");
             assert!(ta.ends_with('Z'));
         }
+    }
+
+    /// In JSON the job's fields sit with the span fields, in the same order as a job span's.
+    #[test]
+    fn json_lines_carry_the_job_fields_in_span_order() {
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .fmt_fields(JsonFields::new())
+            .event_format(LineFormat::FlatJson)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, || emit(true));
+        let lines: Vec<Map<String, Value>> = buf
+            .text()
+            .lines()
+            .map(|l| match serde_json::from_str(l).unwrap() {
+                Value::Object(m) => m,
+                v => panic!("{v}"),
+            })
+            .collect();
+        assert_eq!(lines.len(), 6);
+        assert!(!lines[0].contains_key("jid"), "{:?}", lines[0]);
+        let keys: Vec<&str> = lines[5].keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "timestamp",
+                "level",
+                "pid",
+                "jid",
+                "class",
+                "queue",
+                "phase",
+                "message",
+                "stream"
+            ]
+        );
+        assert_eq!(lines[5]["jid"], "a1b2");
     }
 }

@@ -12,7 +12,6 @@ use crate::worker::Worker;
 use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Instant;
-use tracing::Instrument;
 
 /// How long past the shutdown deadline a self-stopping job may take to report back.
 pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
@@ -31,17 +30,19 @@ pub fn process(
     match parse(worker, &f) {
         Ok(job) => {
             let names = Names::of(&job);
-            let (span, lines) =
-                crate::job_lines::JobLines::open(&names.jid, &names.shown, &f.queue);
-            Either::Left(run_job(worker, f, job, names, lines, started).instrument(span))
+            let tag = Arc::new(crate::job_scope::JobTag {
+                jid: names.jid.clone(),
+                class: names.shown.clone(),
+                queue: f.queue.clone(),
+            });
+            let lines = crate::job_lines::JobLines::open(&tag);
+            let run = run_job(worker, f, job, names, lines, started);
+            Either::Left(crate::job_scope::scoped(Some(tag), run))
         }
-        Err((why, entry)) => Either::Right(
-            Box::pin(async move {
-                let entry = entry.as_deref().unwrap_or(&f.raw);
-                bury_garbage(worker, &f, &why, entry).await
-            })
-            .instrument(crate::logging::root().clone()),
-        ),
+        Err((why, entry)) => Either::Right(Box::pin(async move {
+            let entry = entry.as_deref().unwrap_or(&f.raw);
+            bury_garbage(worker, &f, &why, entry).await
+        })),
     }
 }
 
@@ -160,7 +161,7 @@ async fn run_job(
             // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
             // deadline a Rust handler is abandoned (its future dropped); command and phased
             // jobs stop their process groups first and report Requeue themselves, within the
-            // kill grace. No task of its own: one spawn per job is enough.
+            // kill grace. No task of its own: the fetch loop gives the job one only if it waits.
             // Enough for the kill grace plus a lock release against a slow Redis (5 s reply
             // deadline): the lock must be released before the payload is pushed back.
             let grace = if h.stops_itself() {

@@ -60,6 +60,39 @@ fn fetch_ahead(concurrency: usize) -> usize {
     concurrency
 }
 
+/// Run a job's future here as far as it goes without waiting, and give it a task of its own
+/// only if it waits. Most jobs end at their first poll (a Rust handler with nothing to await),
+/// and a task per job (its allocation, its scheduling, the other thread woken to steal it)
+/// cost more than such a job itself. One that waits is spawned: tokio polls it again with
+/// its own waker, so the wake this poll registered for the loop is only a spurious one. A
+/// panic is contained as a task's would be: the future is dropped (its job stays in our
+/// working list, as after a crash), the loop goes on. Runs under the loop's root span; the
+/// job's own context is its `job_scope`.
+async fn run_or_spawn(
+    mut run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>,
+) {
+    use std::task::Poll;
+    let first = std::future::poll_fn(|cx| {
+        Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+            || run.as_mut().poll(cx),
+        )))
+    })
+    .await;
+    match first {
+        Ok(Poll::Ready(())) => {}
+        // Under the root span, as this loop runs (a task does not inherit it).
+        Ok(Poll::Pending) => {
+            tokio::spawn(tracing::Instrument::instrument(
+                run,
+                crate::logging::root().clone(),
+            ));
+        }
+        Err(_) => tracing::error!(
+            "a job's run panicked outside its handler: dropped, its job left for recovery"
+        ),
+    }
+}
+
 /// Quiet came while the loop held jobs it had not started.
 struct Quieted;
 
@@ -122,7 +155,7 @@ impl FetchLoop {
             let pace = self.pace.clone();
             // Boxed: the task then holds a pointer, not the whole processing state machine,
             // which tokio would otherwise copy each time it moves the task's stage.
-            tokio::spawn(Box::pin(async move {
+            let run = Box::pin(async move {
                 // Quiet already: hand the job back. Otherwise the slot first, so a free one
                 // is taken without subscribing to the shutdown state; a runner still waiting
                 // for its slot at quiet hands its job back, never starting it.
@@ -147,7 +180,8 @@ impl FetchLoop {
                 pace.record(started.elapsed());
                 drop(slot);
                 drop(credit);
-            }));
+            });
+            run_or_spawn(run).await;
         }
         Ok(())
     }
