@@ -307,8 +307,10 @@ const ROOT_NAME: &str = "playguard";
 
 /// The root span every line carries, so each shows `pid=`. Spawned tasks are instrumented
 /// with it (a job's context is its `job_scope`), since tokio tasks do not inherit spans.
+/// At ERROR level: a span is kept only where its level passes the filter, and the pid must
+/// be on a quiet worker's warnings too.
 pub fn root() -> &'static tracing::Span {
-    ROOT.get_or_init(|| tracing::info_span!(ROOT_NAME, pid = std::process::id()))
+    ROOT.get_or_init(|| tracing::error_span!(ROOT_NAME, pid = std::process::id()))
 }
 
 #[cfg(test)]

@@ -332,3 +332,45 @@ fn enqueue_arguments_are_json_or_bare_words() {
         .unwrap();
     assert_eq!(empty.status.code(), Some(2));
 }
+
+/// Quiet (RUST_LOG=warn), a failing job's warning still names the process and the job, in
+/// both formats: the job's context does not depend on INFO being on.
+#[test]
+fn quiet_warnings_carry_the_job_context() {
+    let redis = RedisServer::start();
+    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\n")]);
+    for json in [false, true] {
+        let fmt: &[&str] = if json { &["--log-format", "json"] } else { &[] };
+        let mut w = Worker::start_at(&redis.url(), p.path(), "run", fmt, &[("RUST_LOG", "warn")]);
+        // A class no manifest names: the job fails at its first poll.
+        let out = Command::new(bin())
+            .args(["enqueue", "-r", &redis.url(), "NoSuchJob"])
+            .output()
+            .unwrap();
+        let jid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        w.wait_for_line("fail: retry scheduled", Duration::from_secs(20));
+        let line = w
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|l| l.contains("fail: retry scheduled"))
+            .unwrap()
+            .clone();
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            assert_eq!(v["pid"], w.pid(), "{line}");
+            assert_eq!(v["jid"], jid.as_str(), "{line}");
+            assert_eq!(v["class"], "NoSuchJob", "{line}");
+            assert_eq!(v["queue"], "default", "{line}");
+        } else {
+            let want = format!(
+                "playguard{{pid={}}}:job{{jid={jid} class=NoSuchJob queue=default}}: fail",
+                w.pid()
+            );
+            assert!(line.contains(&want), "{line}");
+        }
+        w.signal("TERM");
+        assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+    }
+}
