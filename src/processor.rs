@@ -170,15 +170,21 @@ async fn run_job(
                 std::time::Duration::ZERO
             };
             // perform() itself runs inside the guard too: a closure may panic before its
-            // async block starts.
-            let mut run: Run = Box::pin(
-                std::panic::AssertUnwindSafe(async move { h.perform(ctx).await }).catch_unwind(),
-            );
+            // async block starts. Its future is boxed already: the guard around it is not.
+            let perform = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.perform(ctx)));
+            let mut run: Run = match perform {
+                Ok(fut) => std::panic::AssertUnwindSafe(fut).catch_unwind(),
+                Err(p) => std::panic::AssertUnwindSafe(Box::pin(std::future::ready(
+                    Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
+                ))
+                    as crate::handler::BoxFuture<'static, Outcome>)
+                .catch_unwind(),
+            };
             // The job first: one that is done at its first poll (most are) never arms the
             // deadline's and the lease's watchers (a timer and two subscriptions), nor makes
             // room for them in this future (which every job's task is built from).
             let first = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(std::future::Future::poll(run.as_mut(), cx))
+                std::task::Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut run), cx))
             })
             .await;
             match first {
@@ -263,8 +269,9 @@ async fn run_job(
 }
 
 /// A handler's run, panics caught.
-type Run =
-    std::pin::Pin<Box<dyn std::future::Future<Output = std::thread::Result<Outcome>> + Send>>;
+type Run = futures::future::CatchUnwind<
+    std::panic::AssertUnwindSafe<crate::handler::BoxFuture<'static, Outcome>>,
+>;
 
 fn caught(r: std::thread::Result<Outcome>) -> Outcome {
     match r {

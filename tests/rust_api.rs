@@ -130,3 +130,82 @@ async fn rust_handlers_and_rust_phases_run_and_a_panicking_phase_releases_its_lo
         "clean stop left the process set: {procs:?}"
     );
 }
+
+/// A Rust handler that panics, in its closure (before its future exists) or in its future,
+/// fails that job the Sidekiq way (retried, `Playguard::Panic` and the message) and nothing
+/// else: the worker goes on running the jobs after it, which run at their first poll in the
+/// fetch loop itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_rust_handler_fails_its_job_and_the_worker_goes_on() {
+    let redis = RedisServer::start();
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut registry = Registry::new();
+    registry.register_fn("PanicsBefore", |ctx| {
+        if !ctx.args.is_empty() {
+            panic!("before its future: {}", ctx.args[0]);
+        }
+        async { Ok(()) }
+    });
+    registry.register_fn("PanicsInside", |ctx| async move {
+        panic!("inside its future: {}", ctx.args[0]);
+    });
+    let s = seen.clone();
+    registry.register_fn("After", move |ctx| {
+        let s = s.clone();
+        async move {
+            s.lock().unwrap().push(ctx.args[0].to_string());
+            Ok(())
+        }
+    });
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn(playguard::launcher::run_with(
+        config(&redis),
+        registry,
+        shutdown.clone(),
+        playguard::launcher::Signals::Ignore,
+    ));
+    push(&redis, "PanicsBefore", serde_json::json!(["a"]));
+    push(&redis, "PanicsInside", serde_json::json!(["b"]));
+    push(&redis, "After", serde_json::json!(["c"]));
+    let r = redis.url();
+    let retry = tokio::task::spawn_blocking(move || {
+        let mut c = redis::Client::open(r).unwrap().get_connection().unwrap();
+        wait_until("both panics retried", Duration::from_secs(20), || {
+            redis::cmd("ZCARD")
+                .arg("retry")
+                .query::<i64>(&mut c)
+                .unwrap()
+                == 2
+        });
+        redis::cmd("ZRANGE")
+            .arg("retry")
+            .arg(0)
+            .arg(-1)
+            .query::<Vec<String>>(&mut c)
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let retry = retry.join("\n");
+    for want in [
+        "before its future: \\\"a\\\"",
+        "inside its future: \\\"b\\\"",
+    ] {
+        assert!(retry.contains(want), "{want} in {retry}");
+    }
+    assert_eq!(retry.matches("Playguard::Panic").count(), 2, "{retry}");
+    let s = seen.clone();
+    tokio::task::spawn_blocking(move || {
+        wait_until("the job after them ran", Duration::from_secs(20), || {
+            s.lock().unwrap().iter().any(|l| l == "\"c\"")
+        })
+    })
+    .await
+    .unwrap();
+    shutdown.stop(Duration::from_secs(5));
+    tokio::time::timeout(Duration::from_secs(15), worker)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
