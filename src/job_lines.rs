@@ -91,16 +91,74 @@ fn write_line(out: impl FnOnce(&[u8]), prefix: &str, msg: &str, elapsed_ms: Opti
         l.push_str(prefix);
         l.push_str(msg);
         if let Some(ms) = elapsed_ms {
-            let _ = write!(l, " elapsed_ms={ms:?}");
+            l.push_str(" elapsed_ms=");
+            push_debug_f64(&mut l, ms);
         }
         l.push('\n');
         out(l.as_bytes());
     });
 }
 
+/// `ms` as its Debug (`{:?}`) writes it, without the float formatter for the value every job
+/// has: a whole number of tenths (the processor rounds to 0.1 ms) below 2^53 tenths is its
+/// integer part, a point and one digit, exactly the shortest spelling Debug picks (no other
+/// decimal that short lies within half a unit of the last place). Anything else goes to Debug.
+fn push_debug_f64(l: &mut String, ms: f64) {
+    const EXACT_TENTHS: f64 = 9_007_199_254_740_992.0; // 2^53
+    let tenths = (ms * 10.0).round();
+    if ms.is_sign_negative() || !(0.0..EXACT_TENTHS).contains(&tenths) || tenths / 10.0 != ms {
+        let _ = write!(l, "{ms:?}");
+        return;
+    }
+    let tenths = tenths as u64;
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = tenths / 10;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    l.push_str(std::str::from_utf8(&digits[at..]).unwrap_or("0"));
+    l.push('.');
+    l.push(char::from(b'0' + (tenths % 10) as u8));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elapsed_ms_is_spelled_as_debug_spells_it() {
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        let mut values = vec![0.0, 0.1, 0.5, 1.0, 9.9, 10.0, 12.3, 99.9, 100.0, 1e6 + 0.1];
+        values.extend([
+            -0.0,
+            -1.5,
+            0.05,
+            0.123,
+            1e16,
+            1e300,
+            f64::NAN,
+            f64::INFINITY,
+        ]);
+        for _ in 0..100_000 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            // As the processor rounds: whole tenths of a millisecond, up to days.
+            let secs = (rng % 10_000_000_000) as f64 / 1e6;
+            values.push((secs * 10_000.0).round() / 10.0);
+        }
+        for ms in values {
+            let mut ours = String::new();
+            push_debug_f64(&mut ours, ms);
+            assert_eq!(ours, format!("{ms:?}"), "{ms}");
+        }
+    }
     use crate::test_lines::{same_after_time, Buf};
 
     /// The direct lines are the lines tracing's default formatter writes in the job span,
