@@ -65,9 +65,9 @@ fn fetch_ahead(concurrency: usize) -> usize {
 /// and a task per job (its allocation, its scheduling, the other thread woken to steal it)
 /// cost more than such a job itself. One that waits is spawned: tokio polls it again with
 /// its own waker, so the wake this poll registered for the loop is only a spurious one. A
-/// panic is contained as a task's would be: the future is dropped (its job stays in our
-/// working list, as after a crash), the loop goes on. Runs under the loop's root span; the
-/// job's own context is its `job_scope`.
+/// panic is contained as a task's would be: the future is dropped and the loop goes on (with
+/// reliable fetch the job stays in our working list, drained back to its queue at our stop).
+/// Runs under the loop's root span; the job's own context is its `job_scope`.
 async fn run_or_spawn(
     mut run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>,
 ) {
@@ -88,7 +88,7 @@ async fn run_or_spawn(
             ));
         }
         Err(_) => tracing::error!(
-            "a job's run panicked outside its handler: dropped, its job left for recovery"
+            "a job's run panicked outside its handler: dropped (reliable fetch keeps the job in the working list until this process stops)"
         ),
     }
 }
