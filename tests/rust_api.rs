@@ -18,6 +18,30 @@ fn config(redis: &RedisServer) -> Config {
     }
 }
 
+type Running = tokio::task::JoinHandle<Result<(), playguard::launcher::StartError>>;
+
+/// The worker in-process with `registry`, stopped only through its shutdown handle.
+fn start(redis: &RedisServer, registry: Registry) -> (Shutdown, Running) {
+    let shutdown = Shutdown::new();
+    let worker = tokio::spawn(playguard::launcher::run_with(
+        config(redis),
+        registry,
+        shutdown.clone(),
+        playguard::launcher::Signals::Ignore,
+    ));
+    (shutdown, worker)
+}
+
+/// A clean stop, within its deadline.
+async fn stop(shutdown: &Shutdown, worker: Running) {
+    shutdown.stop(Duration::from_secs(5));
+    tokio::time::timeout(Duration::from_secs(15), worker)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 fn push(redis: &RedisServer, class: &str, args: serde_json::Value) {
     let job = serde_json::json!({"class": class, "args": args, "jid": playguard::test_support::new_jid(),
         "queue": "default", "retry": 1, "created_at": 1.0, "enqueued_at": 1.0});
@@ -65,13 +89,7 @@ async fn rust_handlers_and_rust_phases_run_and_a_panicking_phase_releases_its_lo
         });
     registry.register("RustCycle", cycle);
 
-    let shutdown = Shutdown::new();
-    let worker = tokio::spawn(playguard::launcher::run_with(
-        config(&redis),
-        registry,
-        shutdown.clone(),
-        playguard::launcher::Signals::Ignore,
-    ));
+    let (shutdown, worker) = start(&redis, registry);
     push(&redis, "Greeter", serde_json::json!(["world"]));
     push(&redis, "RustCycle", serde_json::json!(["m1"]));
     push(&redis, "RustCycle", serde_json::json!(["boom"]));
@@ -115,12 +133,7 @@ async fn rust_handlers_and_rust_phases_run_and_a_panicking_phase_releases_its_lo
         .query(&mut c)
         .unwrap();
     assert!(!locked, "the panicking cycle released its lock");
-    shutdown.stop(Duration::from_secs(5));
-    tokio::time::timeout(Duration::from_secs(15), worker)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(&shutdown, worker).await;
     let procs: Vec<String> = redis::cmd("SMEMBERS")
         .arg("processes")
         .query(&mut c)
@@ -157,13 +170,7 @@ async fn a_panicking_rust_handler_fails_its_job_and_the_worker_goes_on() {
             Ok(())
         }
     });
-    let shutdown = Shutdown::new();
-    let worker = tokio::spawn(playguard::launcher::run_with(
-        config(&redis),
-        registry,
-        shutdown.clone(),
-        playguard::launcher::Signals::Ignore,
-    ));
+    let (shutdown, worker) = start(&redis, registry);
     push(&redis, "PanicsBefore", serde_json::json!(["a"]));
     push(&redis, "PanicsInside", serde_json::json!(["b"]));
     push(&redis, "After", serde_json::json!(["c"]));
@@ -202,10 +209,5 @@ async fn a_panicking_rust_handler_fails_its_job_and_the_worker_goes_on() {
     })
     .await
     .unwrap();
-    shutdown.stop(Duration::from_secs(5));
-    tokio::time::timeout(Duration::from_secs(15), worker)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    stop(&shutdown, worker).await;
 }
