@@ -1,8 +1,8 @@
 //! Which job a log line belongs to: the job's jid, class and queue, set for this thread while
 //! the job's future is polled, and read by both log formats (`logging.rs`) as if they were a
 //! `job` span's fields between the root span and any inner span (a phase). Why not a tracing
-//! span: a span per job cost a quarter of a job's instructions at INFO (its slab entry, its
-//! fields formatted, entered and left at every poll, closed), where this is one swap of a
+//! span: a span per job cost 2k of a no-op job's 14.5k instructions at INFO (its slab entry,
+//! its fields formatted, entered and left at every poll, closed), where this is one swap of a
 //! pointer per poll. A task a job spawns carries its scope with `carry`, as a span is carried
 //! with `in_current_span`. Touches no Redis keys.
 
