@@ -25,19 +25,19 @@ thread_local! {
 
 /// The job whose future this thread is polling, if any.
 pub(crate) fn current() -> Option<Arc<JobTag>> {
-    CURRENT.with(|c| {
-        let t = c.take();
-        let out = t.clone();
-        c.set(t);
-        out
-    })
+    peek(|t| t.clone())
 }
 
 /// Call `f` with the current job's tag (no clone of it).
 pub(crate) fn with_current<R>(f: impl FnOnce(Option<&JobTag>) -> R) -> R {
+    peek(|t| f(t.as_deref()))
+}
+
+/// `f` on the thread's slot, taken out and put back (a `Cell` lends no reference).
+fn peek<R>(f: impl FnOnce(&Option<Arc<JobTag>>) -> R) -> R {
     CURRENT.with(|c| {
         let t = c.take();
-        let r = f(t.as_deref());
+        let r = f(&t);
         c.set(t);
         r
     })

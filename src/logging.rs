@@ -9,7 +9,7 @@ use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
-use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
 use tracing_subscriber::EnvFilter;
 
 /// How each log line is written.
@@ -107,38 +107,30 @@ where
                     "level".into(),
                     Value::from(event.metadata().level().as_str()),
                 );
-                let mut job_written = false;
-                let mut job_fields = |map: &mut Map<String, Value>| {
-                    if !std::mem::replace(&mut job_written, true) {
-                        crate::job_scope::with_current(|t| {
-                            if let Some(t) = t {
-                                for (k, v) in
-                                    [("jid", &t.jid), ("class", &t.class), ("queue", &t.queue)]
-                                {
-                                    map.insert(k.into(), Value::from(&**v));
-                                }
-                            }
-                        });
+                let mut spans = spans_from_root(ctx);
+                let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
+                // With JsonFields, a span's recorded fields are kept as a JSON object string.
+                let add = |map: &mut Map<String, Value>, span: &SpanRef<'_, S>| {
+                    if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
+                        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&f.fields)
+                        {
+                            map.extend(fields);
+                        }
                     }
                 };
-                if let Some(scope) = ctx.event_scope() {
-                    for span in scope.from_root() {
-                        let ext = span.extensions();
-                        // With JsonFields, a span's recorded fields are kept as a JSON object string.
-                        if let Some(f) = ext.get::<FormattedFields<N>>() {
-                            if let Ok(Value::Object(fields)) =
-                                serde_json::from_str::<Value>(&f.fields)
-                            {
-                                map.extend(fields);
-                            }
-                        }
-                        // The job's fields right after the root span's, as a job span's were.
-                        if span.metadata().name() == ROOT_NAME {
-                            job_fields(&mut map);
+                if let Some(root) = &root {
+                    add(&mut map, root);
+                }
+                crate::job_scope::with_current(|t| {
+                    if let Some(t) = t {
+                        for (k, v) in [("jid", &t.jid), ("class", &t.class), ("queue", &t.queue)] {
+                            map.insert(k.into(), Value::from(&**v));
                         }
                     }
+                });
+                for span in spans {
+                    add(&mut map, &span);
                 }
-                job_fields(&mut map);
                 event.record(&mut JsonVisitor(&mut map));
                 writeln!(w, "{}", Value::Object(map))
             }
@@ -151,46 +143,38 @@ where
                     tracing::Level::DEBUG => " DEBUG ",
                     tracing::Level::TRACE => " TRACE ",
                 })?;
-                // The job's context (job_scope.rs) is written as a `job` span's would be:
-                // right after the root span, before any inner one.
-                let mut job_written = false;
-                let mut seen = false;
-                let mut job = |w: &mut Writer<'_>, seen: &mut bool| -> fmt::Result {
-                    if std::mem::replace(&mut job_written, true) {
-                        return Ok(());
-                    }
-                    crate::job_scope::with_current(|t| match t {
-                        Some(t) => {
-                            *seen = true;
-                            for part in [
-                                "job{jid=", &t.jid, " class=", &t.class, " queue=", &t.queue, "}:",
-                            ] {
-                                w.write_str(part)?;
-                            }
-                            Ok(())
+                let mut spans = spans_from_root(ctx);
+                let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
+                let write = |w: &mut Writer<'_>, span: &SpanRef<'_, S>| -> fmt::Result {
+                    w.write_str(span.metadata().name())?;
+                    if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
+                        if !f.fields.is_empty() {
+                            w.write_char('{')?;
+                            w.write_str(&f.fields)?;
+                            w.write_char('}')?;
                         }
-                        None => Ok(()),
-                    })
+                    }
+                    w.write_char(':')
                 };
-                if let Some(scope) = ctx.event_scope() {
-                    for span in scope.from_root() {
-                        w.write_str(span.metadata().name())?;
-                        let ext = span.extensions();
-                        if let Some(f) = ext.get::<FormattedFields<N>>() {
-                            if !f.fields.is_empty() {
-                                w.write_char('{')?;
-                                w.write_str(&f.fields)?;
-                                w.write_char('}')?;
-                            }
-                        }
-                        w.write_char(':')?;
+                let mut seen = root.is_some();
+                if let Some(root) = &root {
+                    write(&mut w, root)?;
+                }
+                crate::job_scope::with_current(|t| -> fmt::Result {
+                    if let Some(t) = t {
                         seen = true;
-                        if span.metadata().name() == ROOT_NAME {
-                            job(&mut w, &mut seen)?;
+                        for part in [
+                            "job{jid=", &t.jid, " class=", &t.class, " queue=", &t.queue, "}:",
+                        ] {
+                            w.write_str(part)?;
                         }
                     }
+                    Ok(())
+                })?;
+                for span in spans {
+                    write(&mut w, &span)?;
+                    seen = true;
                 }
-                job(&mut w, &mut seen)?;
                 if seen {
                     w.write_char(' ')?;
                 }
@@ -199,6 +183,21 @@ where
             }
         }
     }
+}
+
+/// The event's spans, outermost first. Both formats write the job's context (job_scope.rs)
+/// where a `job` span under the root would be: after the root span, before any inner one.
+fn spans_from_root<'a, S, N>(
+    ctx: &'a FmtContext<'_, S, N>,
+) -> std::iter::Peekable<impl Iterator<Item = SpanRef<'a, S>>>
+where
+    S: Subscriber + for<'l> LookupSpan<'l>,
+    N: for<'w> FormatFields<'w> + 'static,
+{
+    ctx.event_scope()
+        .into_iter()
+        .flat_map(|scope| scope.from_root())
+        .peekable()
 }
 
 /// Text fields as tracing-subscriber's default visitor writes them (`message` bare, the others

@@ -153,8 +153,8 @@ impl FetchLoop {
             let worker = self.worker.clone();
             let slots = self.slots.clone();
             let pace = self.pace.clone();
-            // Boxed: the task then holds a pointer, not the whole processing state machine,
-            // which tokio would otherwise copy each time it moves the task's stage.
+            // Boxed before its first poll: a run that waits is then moved into its task as a
+            // pointer (a polled future cannot move otherwise).
             let run = Box::pin(async move {
                 // Quiet already: hand the job back. Otherwise the slot first, so a free one
                 // is taken without subscribing to the shutdown state; a runner still waiting
