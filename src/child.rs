@@ -195,40 +195,18 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         }
     };
     let fds = vec![in_r, out_w, err_w];
-    let Ok((handle, mut events)) = conn.spawn(OsStr::new(prog), spec.argv, &env, budget, fds)
-    else {
+    let Ok((handle, events)) = conn.spawn(OsStr::new(prog), spec.argv, &env, budget, fds) else {
         return Exit::SpawnFailed(format!(
             "cannot start {prog:?}: the command guardian exited"
         ));
     };
-    let pid = match events.recv().await {
-        Some(Event::Started(pid)) => pid,
-        Some(Event::NotStarted { errno, .. }) if errno == nix::libc::E2BIG => {
-            let e = std::io::Error::from_raw_os_error(errno);
-            let bytes: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-            return Exit::BadInput(format!(
-                "cannot start {prog:?}: the job's arguments are too large for exec \
-                 ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
-            ));
-        }
-        Some(Event::NotStarted { errno, message }) => {
-            let e = if errno > 0 {
-                std::io::Error::from_raw_os_error(errno).to_string()
-            } else {
-                message
-            };
-            return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}"));
-        }
-        Some(Event::Exited(_)) | None => {
-            return Exit::SpawnFailed(format!(
-                "cannot start {prog:?}: the command guardian exited"
-            ))
-        }
+    // The guardian reports the start (the pid, which is also the group's id) and the exit; for
+    // a short command both come in one message, so nothing here waits for the start alone.
+    let mut cmd = Tracked {
+        events,
+        group: GroupGuard(None),
+        ended: None,
     };
-    let pgid = Some(Pid::from_raw(pid));
-    // If this future is dropped mid-run (a job abandoned at the deadline), the whole group
-    // dies with it (`handle` kills it too, as a guardian that went does).
-    let mut group = GroupGuard(pgid);
     // Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how
     // long this command may go on. Nothing is sent while the lease is lapsed, so the
     // countdown runs out.
@@ -265,95 +243,132 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         })
     }
     .flatten();
-    // Our own pipes' read ends, already non-blocking: tokio need not fstat and fcntl them.
-    let mut out = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(out_r)
-        .ok()
-        .map(|s| {
-            tokio::spawn(tracing::Instrument::in_current_span(
-                crate::job_scope::carry(read_lines(s, |line| {
-                    tracing::info!(stream = "stdout", "{line}");
-                })),
-            ))
-        });
-    // Shared, not returned: a reader still blocked after the drain is aborted, and the lines it
+    // Shared with the stderr reader, which may be dropped after the drain: the lines it
     // already read must still make the failure's message.
     let tail: Arc<Mutex<Vec<String>>> = Arc::default();
-    let mut err = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(err_r)
+    // Both output streams are read right here, in this future (no task each, no wake-up
+    // handed between tasks): they are polled whenever it is, so in its job's log context.
+    // Our own pipes' read ends, already non-blocking: tokio need not fstat and fcntl them.
+    let out = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(out_r)
+        .ok()
+        .map(|s| {
+            read_lines(s, |line| {
+                tracing::info!(stream = "stdout", "{line}");
+            })
+        });
+    let err = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(err_r)
         .ok()
         .map(|s| {
             let tail = tail.clone();
-            tokio::spawn(tracing::Instrument::in_current_span(
-                crate::job_scope::carry(read_lines(s, move |line| {
-                    tracing::info!(stream = "stderr", "{line}");
-                    if !line.trim().is_empty() {
-                        let mut tail = tail.lock().unwrap();
-                        if tail.len() == STDERR_TAIL {
-                            tail.remove(0);
-                        }
-                        tail.push(line);
+            read_lines(s, move |line| {
+                tracing::info!(stream = "stderr", "{line}");
+                if !line.trim().is_empty() {
+                    let mut tail = tail.lock().unwrap();
+                    if tail.len() == STDERR_TAIL {
+                        tail.remove(0);
                     }
-                })),
-            ))
+                    tail.push(line);
+                }
+            })
         });
-
-    // The leader's exit as the guardian reaped it; None: the guardian went first.
-    async fn exited(
-        events: &mut tokio::sync::mpsc::UnboundedReceiver<Event>,
-    ) -> Option<std::process::ExitStatus> {
-        loop {
-            match events.recv().await? {
-                Event::Exited(st) => return Some(st),
-                _ => continue,
+    let output = async move {
+        let out = async move {
+            if let Some(r) = out {
+                r.await
             }
-        }
-    }
+        };
+        let err = async move {
+            if let Some(r) = err {
+                r.await
+            }
+        };
+        tokio::join!(out, err);
+    };
+    tokio::pin!(output);
+    let mut output_done = false;
+
     let mut killed: Option<String> = None;
     tokio::pin!(stop);
-    let status = tokio::select! {
-        st = exited(&mut events) => st,
-        _ = &mut keepalive => None,
-        st = &mut stop => {
-            killed = Some(st.why);
-            if let Some(pg) = pgid {
-                let first = if st.grace.is_zero() { Signal::SIGKILL } else { Signal::SIGTERM };
-                let _ = killpg(pg, first);
-            }
-            let graceful = async {
-                tokio::select! {
-                    st = exited(&mut events) => st,
-                    _ = &mut keepalive => None,
-                }
-            };
-            match tokio::time::timeout(st.grace, graceful).await {
-                Ok(st) => st,
-                Err(_) => {
-                    if let Some(pg) = pgid {
-                        let _ = killpg(pg, Signal::SIGKILL);
+    // The command's end, with its output read meanwhile.
+    let status = {
+        let running = async {
+            tokio::select! {
+                st = cmd.exit() => st,
+                _ = &mut keepalive => Ok(None),
+                st = &mut stop => {
+                    killed = Some(st.why);
+                    let first = if st.grace.is_zero() { Signal::SIGKILL } else { Signal::SIGTERM };
+                    let graceful = async {
+                        // A stop right after the spawn may come before the guardian named the pid.
+                        if let Some(pg) = cmd.pid().await? {
+                            let _ = killpg(pg, first);
+                        }
+                        tokio::select! {
+                            st = cmd.exit() => st,
+                            _ = &mut keepalive => Ok(None),
+                        }
+                    };
+                    match tokio::time::timeout(st.grace, graceful).await {
+                        Ok(st) => st,
+                        Err(_) => {
+                            // Also when the start was not reported within the grace (a zero
+                            // grace gives it no time at all): KILL as soon as it is.
+                            if let Some(pg) = cmd.pid().await? {
+                                let _ = killpg(pg, Signal::SIGKILL);
+                            }
+                            cmd.exit().await
+                        }
                     }
-                    exited(&mut events).await
                 }
             }
+        };
+        tokio::pin!(running);
+        loop {
+            tokio::select! {
+                st = &mut running => break st,
+                () = &mut output, if !output_done => output_done = true,
+            }
+        }
+    };
+    let status = match status {
+        Ok(st) => st,
+        Err(NotStarted { errno, message }) => {
+            if let Some(h) = writer {
+                h.abort();
+            }
+            if errno == nix::libc::E2BIG {
+                let e = std::io::Error::from_raw_os_error(errno);
+                let bytes: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+                return Exit::BadInput(format!(
+                    "cannot start {prog:?}: the job's arguments are too large for exec \
+                     ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
+                ));
+            }
+            let e = if errno > 0 {
+                std::io::Error::from_raw_os_error(errno).to_string()
+            } else {
+                message
+            };
+            return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}"));
         }
     };
     // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
     // The guardian did so as it reaped the leader, before it reported the exit; this covers
     // a guardian that went first (no exit reported).
     if status.is_some() {
-        group.0 = None;
+        cmd.group.0 = None;
     }
-    drop(group);
-    let drained = tokio::time::timeout(OUTPUT_DRAIN, async {
-        for h in [out.as_mut(), err.as_mut()].into_iter().flatten() {
-            let _ = h.await;
-        }
-    })
-    .await;
-    if drained.is_err() {
+    drop(cmd);
+    if !output_done
+        && tokio::time::timeout(OUTPUT_DRAIN, &mut output)
+            .await
+            .is_err()
+    {
         tracing::warn!(
             "the command exited, but a process it started outside its group still holds its output open; no longer reading it"
         );
     }
-    for h in [out, err, writer].into_iter().flatten() {
+    if let Some(h) = writer {
         h.abort();
     }
     let tail = std::mem::take(&mut *tail.lock().unwrap());
@@ -375,6 +390,55 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         None => Exit::SpawnFailed(format!(
             "{prog:?} lost its command guardian while it ran (its process group was killed)"
         )),
+    }
+}
+
+/// The guardian could not start the command.
+struct NotStarted {
+    errno: i32,
+    message: String,
+}
+
+/// One command as the guardian reports it: its group (killed if we are dropped before the
+/// exit) is known once the start is reported.
+struct Tracked {
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    group: GroupGuard,
+    /// The exit, once reported (None inside: the guardian went first).
+    ended: Option<Option<std::process::ExitStatus>>,
+}
+
+impl Tracked {
+    /// Take one report and record it. Cancel-safe: nothing is awaited after the receive.
+    async fn next(&mut self) -> Result<(), NotStarted> {
+        match self.events.recv().await {
+            Some(Event::Started(pid)) => self.group.0 = Some(Pid::from_raw(pid)),
+            Some(Event::NotStarted { errno, message }) => {
+                return Err(NotStarted { errno, message })
+            }
+            Some(Event::Exited(st)) => self.ended = Some(Some(st)),
+            None => self.ended = Some(None),
+        }
+        Ok(())
+    }
+
+    /// The leader's exit as the guardian reaped it; Ok(None): the guardian went first.
+    async fn exit(&mut self) -> Result<Option<std::process::ExitStatus>, NotStarted> {
+        loop {
+            if let Some(end) = self.ended {
+                return Ok(end);
+            }
+            self.next().await?;
+        }
+    }
+
+    /// The group to signal, waiting for the start report if it has not come yet; Ok(None):
+    /// the command has already ended.
+    async fn pid(&mut self) -> Result<Option<Pid>, NotStarted> {
+        while self.group.0.is_none() && self.ended.is_none() {
+            self.next().await?;
+        }
+        Ok(self.group.0.filter(|_| self.ended.is_none()))
     }
 }
 

@@ -143,3 +143,94 @@ fn a_command_gets_exactly_its_argv_and_environment() {
     assert_eq!(read("bare.txt"), "zero 0\n");
     assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
 }
+
+/// This test process's fds above stderr that a process it starts inherits (no close-on-exec).
+fn inherited_fds() -> Vec<u32> {
+    let mut fds = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+        let Ok(n) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let info = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .and_then(|f| u32::from_str_radix(f.trim(), 8).ok());
+        // O_CLOEXEC is 02000000.
+        if n > 2 && flags.is_some_and(|f| f & 0o2000000 == 0) {
+            fds.push(n);
+        }
+    }
+    fds
+}
+
+/// A command starts clean, whatever the guardian's own state: the leader of its own process
+/// group, no signal blocked (the guardian blocks the ones its signalfd reads), SIGPIPE not
+/// ignored (Rust ignores it in the guardian), and no fd open but its stdin, stdout and stderr
+/// (and what the worker itself inherited). Read from /proc while the command runs.
+#[test]
+fn a_command_starts_in_its_own_group_with_no_signal_blocked_and_only_its_stdio() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"StateJob\"\n\
+         run = [\"/bin/sh\", \"-c\", \"echo command-pid=$$ end; exec sleep 60\"]\n",
+    );
+    let w = Worker::start(&redis, p.path(), &[]);
+    enqueue(&redis, &["StateJob"]);
+    w.wait_for_line("command-pid=", Duration::from_secs(20));
+    let line = w
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|l| l.contains("command-pid="))
+        .cloned()
+        .unwrap();
+    let pid: i32 = line
+        .split("command-pid=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let proc = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap();
+    // Past the exec: the fds are sleep's, as the shell had them.
+    wait_until("the command exec'd sleep", Duration::from_secs(20), || {
+        proc("comm").trim() == "sleep"
+    });
+    let stat = proc("stat");
+    let after_comm: Vec<&str> = stat.rsplit(") ").next().unwrap().split(' ').collect();
+    assert_eq!(after_comm[2], pid.to_string(), "process group: {stat}");
+    let status = proc("status");
+    let mask = |name: &str| {
+        let v = status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap()
+            .trim();
+        u64::from_str_radix(v, 16).unwrap()
+    };
+    assert_eq!(mask("SigBlk:"), 0, "blocked signals: {status}");
+    assert_eq!(
+        mask("SigIgn:") & (1 << (13 - 1)),
+        0,
+        "SIGPIPE ignored: {status}"
+    );
+    let mut got: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().parse().unwrap())
+        .collect();
+    got.sort_unstable();
+    // Besides its stdio, only what the worker itself inherited without close-on-exec from
+    // whoever started this test (a terminal's or CI runner's fds) may reach it.
+    let mut want: Vec<u32> = vec![0, 1, 2];
+    want.extend(inherited_fds());
+    want.sort_unstable();
+    assert_eq!(got, want, "open fds of the command");
+    signal(pid, "KILL");
+}

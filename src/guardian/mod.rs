@@ -6,15 +6,16 @@
 //!
 //! Why a separate process: a dead or frozen worker cannot kill anything, and forking the
 //! worker itself per command (std falls back to fork for a `pre_exec` hook) is what made a
-//! phase cost several forks and execs. The guardian spawns with `posix_spawn` (no hook), one
-//! exec per command.
+//! phase cost several forks and execs. The guardian starts each command with one vfork-style
+//! clone and one exec (`process.rs`).
 //!
 //! Protocol (frames `[u32 length][u8 tag][body]`, integers little-endian, strings
 //! `[u32 length][bytes]`):
 //! - worker → guardian `S` spawn: id u64, budget u64 (whole seconds, 0 = no watchdog),
 //!   program, argv, env pairs; stdin, stdout and stderr ride along as SCM_RIGHTS fds.
 //! - worker → guardian `K` keepalive: id u64, budget u64 (the countdown starts again).
-//! - guardian → worker `s` started: id u64, pid i32 (the process group id too).
+//! - guardian → worker `s` started: id u64, pid i32 (the process group id too). Held up to
+//!   2 ms (`START_HOLD`) so that a short command's start and exit go in one write.
 //! - guardian → worker `e` not started: id u64, errno i32 (-1: none), message.
 //! - guardian → worker `x` exited: id u64, raw wait status i32.
 //!
