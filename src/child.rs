@@ -2,7 +2,7 @@
 //! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
 //! Every stdout/stderr line is logged in the caller's span (jid, class, phase): read as bytes
 //! (not UTF-8 is shown lossily), cut at MAX_LINE. The process is started and reaped by the
-//! worker's guardian (`guardian.rs`), which also kills the group when the worker dies or, with
+//! worker's guardian (`guardian/`), which also kills the group when the worker dies or, with
 //! a liveness lease, when its keepalives stop (a frozen worker cannot). Touches no Redis keys.
 
 use crate::guardian::{cloexec_pipe, Event};
@@ -182,7 +182,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     for fd in [&in_w, &out_r, &err_r] {
         nonblocking(fd);
     }
-    // The command is started by our guardian (guardian.rs), in a process group of its own, so
+    // The command is started by our guardian (guardian/), in a process group of its own, so
     // the whole group can be killed: by us when the command is stopped, by the guardian when
     // we die (SIGKILL, OOM) or freeze (its countdown, `budget`, runs out without a keepalive).
     // Otherwise a recovered job would run beside its orphan, or a phase (and its ssh) run on

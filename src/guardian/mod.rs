@@ -15,7 +15,9 @@
 //!   program, argv, env pairs; stdin, stdout and stderr ride along as SCM_RIGHTS fds.
 //! - worker → guardian `K` keepalive: id u64, budget u64 (the countdown starts again).
 //! - guardian → worker `s` started: id u64, pid i32 (the process group id too). Held up to
-//!   2 ms (`START_HOLD`) so that a short command's start and exit go in one write.
+//!   2 ms (`START_HOLD`) so that a short command's start and exit go in one write. (Should
+//!   the guardian be killed inside those 2 ms, the worker cannot kill that one command's
+//!   group: it never learnt the pid. It then runs to its end unwatched.)
 //! - guardian → worker `e` not started: id u64, errno i32 (-1: none), message.
 //! - guardian → worker `x` exited: id u64, raw wait status i32.
 //!
