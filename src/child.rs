@@ -11,7 +11,7 @@ use nix::unistd::Pid;
 use std::ffi::{OsStr, OsString};
 use std::future::Future;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
@@ -243,9 +243,9 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         })
     }
     .flatten();
-    // Shared with the stderr reader, which may be dropped after the drain: the lines it
-    // already read must still make the failure's message.
-    let tail: Arc<Mutex<Vec<String>>> = Arc::default();
+    // Lent to the stderr reader, which may be dropped after the drain: the lines it already
+    // read must still make the failure's message.
+    let tail: Mutex<Vec<String>> = Mutex::default();
     // Both output streams are read right here, in this future (no task each, no wake-up
     // handed between tasks): they are polled whenever it is, so in its job's log context.
     // Our own pipes' read ends, already non-blocking: tokio need not fstat and fcntl them.
@@ -259,7 +259,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let err = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(err_r)
         .ok()
         .map(|s| {
-            let tail = tail.clone();
+            let tail = &tail;
             read_lines(s, move |line| {
                 tracing::info!(stream = "stderr", "{line}");
                 if !line.trim().is_empty() {
@@ -272,17 +272,8 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
             })
         });
     let output = async move {
-        let out = async move {
-            if let Some(r) = out {
-                r.await
-            }
-        };
-        let err = async move {
-            if let Some(r) = err {
-                r.await
-            }
-        };
-        tokio::join!(out, err);
+        use futures::future::OptionFuture;
+        tokio::join!(OptionFuture::from(out), OptionFuture::from(err));
     };
     tokio::pin!(output);
     let mut output_done = false;
