@@ -286,9 +286,12 @@ if want.('reconcile')
   # The machine's own ceiling, measured here in the same run: bare spawns of /bin/true on every
   # core with nothing else running. A one-phase cycle is one such spawn plus the rest.
   floor_bin = File.join(File.dirname(BIN), 'spawn_floor')
-  ceiling = Float(IO.popen([floor_bin, Etc.nprocessors.to_s, n.to_s], &:read))
-  warn format('   ceiling: %.0f bare /bin/true spawns/s (%d threads, nothing else running)', ceiling, Etc.nprocessors)
-  r = phase_counts.map do |phases|
+  ceiling_once = lambda do
+    c = Float(IO.popen([floor_bin, Etc.nprocessors.to_s, n.to_s], &:read))
+    warn format('   ceiling: %.0f bare /bin/true spawns/s (%d threads, nothing else running)', c, Etc.nprocessors)
+    c
+  end
+  cycles_once = lambda do |phases|
     dir = Dir.mktmpdir("scale-reconcile-#{phases}", OUT)
     FileUtils.mkdir_p(File.join(dir, 'jobs'))
     File.write(File.join(dir, 'jobs', 'reconcile.toml'), <<~TOML + (1..phases).map { |i| <<~PHASE }.join)
@@ -338,13 +341,31 @@ if want.('reconcile')
     stop(pid)
     res
   end
+  # This curve moves most with the machine's hour (a shared VM: ±10% between runs minutes
+  # apart), so it runs RECONCILE_ROUNDS interleaved rounds (ceiling, then each phase count)
+  # and reports medians with min-max.
+  rounds = Integer(ENV.fetch('RECONCILE_ROUNDS', '3'))
+  ceilings = []
+  per_round = Array.new(phase_counts.size) { [] }
+  rounds.times do |i|
+    warn "   round #{i + 1}/#{rounds}"
+    ceilings << ceiling_once.call
+    phase_counts.each_with_index { |phases, j| per_round[j] << cycles_once.call(phases) }
+  end
+  med = ->(xs) { xs.sort[(xs.size - 1) / 2] }
+  spread = ->(xs, f) { format("#{f} (#{f}–#{f})", med.(xs), xs.min, xs.max) }
+  ceiling = med.(ceilings)
+  r = per_round.map { |rs| %i[rate cpu_ms cpu_ms_phase].to_h { |k| [k, med.(rs.map { _1[k] })] } }
+  rates = per_round.map { |rs| rs.map { _1[:rate] } }
+  warn "   medians of #{rounds}: ceiling #{spread.(ceilings, '%.0f')} spawns/s; " +
+       phase_counts.each_with_index.map { |ph, j| "#{ph} phase(s) #{spread.(rates[j], '%.0f')} cycles/s" }.join(', ')
   if r.size == 2
-    ROWS << ['reconcile', 'cycles/s (wall clock)', '1 phase', format('%.0f', r[0][:rate]), '6 phases',
-             format('%.0f', r[1][:rate]), format('%.2f', r[1][:rate] / r[0][:rate]), 'n/a']
-    ROWS << ['reconcile', "the machine's ceiling: bare /bin/true spawns/s on #{Etc.nprocessors} threads, then one-phase cycles/s",
-             'spawns/s', format('%.0f', ceiling), 'cycles/s', format('%.0f', r[0][:rate]),
+    ROWS << ['reconcile', "cycles/s (wall clock), median of #{rounds} rounds (min–max)", '1 phase', spread.(rates[0], '%.0f'),
+             '6 phases', spread.(rates[1], '%.0f'), format('%.2f', r[1][:rate] / r[0][:rate]), 'n/a']
+    ROWS << ['reconcile', "the machine's ceiling: bare /bin/true spawns/s on #{Etc.nprocessors} threads, then one-phase cycles/s (medians)",
+             'spawns/s', spread.(ceilings, '%.0f'), 'cycles/s', format('%.0f', r[0][:rate]),
              format('%.2f', r[0][:rate] / ceiling), 'n/a']
-    row('reconcile', 'CPU ms per phase (worker + guardian + commands)', '1 phase', r[0], '6 phases', r[1], :cpu_ms_phase)
+    row('reconcile', 'CPU ms per phase (worker + guardian + commands), medians', '1 phase', r[0], '6 phases', r[1], :cpu_ms_phase)
   end
 end
 
