@@ -6,94 +6,59 @@
 //!
 //! # Layout
 //!
-//! ARCHITECTURE.md has the picture (tasks, the path of one job, who owns which key). Read the
-//! modules in this order; each depends only on those above it or beside it in its group.
+//! ARCHITECTURE.md has the picture (tasks, the path of one job, who owns which key). Each
+//! folder is a layer; a folder imports only folders below it in this list (`tests/layers.rs`
+//! checks it), from the top down:
 //!
-//! **Leaves** (no other module of ours): `payload` (a popped job, Sidekiq's JSON rules),
-//! `queues` (queue order, `queue:<q>`), `error_class`, `identity`, `shutdown` (the one-way
-//! quiet/stop state), `slots` (what each slot runs, unflushed counters), `logging` (line
-//! formats) over `job_scope` (which job a line belongs to) and `job_lines` (a job's
-//! start/done lines) over `log_writer` (one buffer, one writer thread), `redact`.
+//! - `cli/`: flags, subcommands, the one map from an error to an exit code.
+//! - `launcher/`: builds a worker, starts its loops, stops it (Sidekiq's Launcher).
+//! - `ops/`: the operator commands `playguard locks` and `playguard cycles`.
+//! - `loops/`: the side loops: heartbeat, sweeper, scheduled poller, periodic fan-out.
+//! - `manager/`: the loop that feeds free slots (Sidekiq's Manager) and the processor that
+//!   runs one job and settles it through the fetch strategy (Sidekiq's Processor).
+//! - `worker/`: the state one worker shares between its loops, and its configuration.
+//! - `manifest/`: `jobs/*.toml`, parsed, checked and turned into registry entries.
+//! - `cycle/`: the phased-lock engine, the lock and its fences, the ledger, key templates,
+//!   the manifest's reconcile phases.
+//! - `commands/`: one command's run, the guardian that spawns and guards commands, command
+//!   jobs.
+//! - `fetch/`: the fetch strategies (reliable, basic) and the unit of work (Sidekiq's
+//!   fetch.rb).
+//! - `job/`: the payload, its queue, the handler registry, retry and dead, the push.
+//! - `metrics/`: Prometheus and its HTTP server; the Sidekiq Metrics tab.
+//! - `process/`: this process's identity, shutdown state, slot table, liveness lease.
+//! - `connections/`: Redis (one server, Sentinel, the shared and blocking connections),
+//!   PostgreSQL and its TLS, redaction of secrets.
+//! - `logging/`: line formats, a job's log scope and lines, the one writer thread.
 //!
-//! **Connections and stores**: `redis_client` (one server's client, TLS) ← `sentinel` ←
-//! `redis_conn` (the shared and the blocking connections, re-resolving behind sentinels);
-//! `db_tls` ← `db` (PostgreSQL pool, schema) ← `ledger` (cycle records);
-//! `lock` (token lease, fences in Redis) ← `fence_store` (fences from Redis or PostgreSQL).
-//!
-//! **One worker process** (`worker::Worker` is the shared data, no behaviour):
-//! - start and stop: `cli` (flags, subcommands) → `config` → `launcher` (builds the worker,
-//!   starts the loops, runs the shutdown) with `manifest` / `manifest_jobs` (jobs/*.toml into
-//!   the registry);
-//! - one job: `fetch` (the loop feeding free slots, `fetch/blockers`) → `processor` →
-//!   `handler` (the registry) → `command_job` / `reconcile` (manifest cycles) over `cycle`
-//!   (the phased-lock engine) and `child` (one command's run: env, stdin, output lines,
-//!   stop) through `guardian` (the one process per worker that spawns and guards commands) →
-//!   `retry` (Sidekiq's failure rules) → settled through `fetch_strategy` (reliable or
-//!   basic: the unit of work's take, acknowledge, settle, requeue, drain), on a
-//!   `unit_of_work::UnitOfWork`;
-//! - side loops: `heartbeat` (Sidekiq's process keys), `liveness` (our lease), `sweeper`
-//!   (dead processes' jobs and locks), `scheduled` (retry and schedule sets), `periodic` (the
-//!   fan-out), `job_metrics` (Sidekiq 7/8 Metrics keys), `metrics` and `metrics_http`
-//!   (Prometheus).
-//!
-//! **Clients of the same keys**: `enqueue` (`playguard enqueue`), `ops` (`playguard locks`,
-//! `playguard cycles`).
-//!
-//! Public modules are the library API of README's "Library use"; the rest are private.
+//! The library API of README's "Library use" keeps its short paths (`playguard::lock`,
+//! `playguard::reconcile`, ...): they are re-exported below from their folders.
 
-// The library API (README "Library use", examples/, benches/).
 pub mod cli;
-pub mod config;
-pub mod db;
-pub mod fence_store;
-pub mod handler;
-pub mod launcher;
-pub mod lock;
-pub mod reconcile;
-pub mod redis_conn;
-pub mod retry;
-pub mod shutdown;
-
-mod child;
-mod command_job;
+mod commands;
+mod connections;
 mod cycle;
-mod db_tls;
-mod enqueue;
-mod error_class;
 mod fetch;
-mod fetch_strategy;
-mod guardian;
-mod heartbeat;
-mod identity;
-mod job_lines;
-mod job_metrics;
-mod job_scope;
-mod ledger;
-mod liveness;
-mod log_writer;
+mod job;
+pub mod launcher;
 mod logging;
+mod loops;
+mod manager;
 mod manifest;
-mod manifest_jobs;
 mod metrics;
-mod metrics_http;
 mod ops;
-mod payload;
-mod periodic;
-mod processor;
-mod queues;
-mod redact;
-mod redis_client;
-mod scheduled;
-mod sentinel;
-mod slots;
-mod sweeper;
-#[cfg(test)]
-mod test_lines;
-mod unit_of_work;
+mod process;
 mod worker;
 
-pub use handler::{JobContext, Outcome, Registry};
-pub use retry::Failure;
+// The library API (README "Library use", examples/, benches/), at its documented paths.
+pub use connections::{db, redis_conn};
+pub use cycle::{fences as fence_store, lock, reconcile};
+pub use job::{handler, retry};
+pub use process::shutdown;
+pub use worker::config;
+
+pub use job::handler::{JobContext, Outcome, Registry};
+pub use job::retry::Failure;
 
 /// A map looked up by class or queue name on every job: foldhash, seeded per process, instead
 /// of SipHash (see Cargo.toml).
@@ -102,7 +67,7 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 /// Internals the integration tests drive directly. Not a stable API.
 #[doc(hidden)]
 pub mod test_support {
-    pub use crate::job_metrics::{JobMetrics, Mode};
-    pub use crate::payload::{new_jid, now_f64};
-    pub use crate::periodic::{member_arg, tick_of};
+    pub use crate::job::payload::{new_jid, now_f64};
+    pub use crate::loops::periodic::{member_arg, tick_of};
+    pub use crate::metrics::sidekiq_tab::{JobMetrics, Mode};
 }

@@ -1,380 +1,270 @@
-//! Fetching: the loop that keeps every free slot fed, in Sidekiq's strict / weighted queue
-//! order (`queues.rs`). While the queues are busy it takes a batch for the free slots in one
-//! round trip; when they are empty it arms the blocking pops (`blockers.rs`) and waits. How a
-//! job is taken, acknowledged, requeued and drained is the fetch strategy's business
-//! (`fetch_strategy`: reliable or basic); this loop never asks which one runs.
-//! Keys: those of the strategy.
+//! The one owner of a fetched job's unit of work, as Sidekiq's fetch.rb is: how jobs are taken
+//! (a batch, or an idle blocking pop), acknowledged, settled with their outcome, requeued, and
+//! drained at a clean stop. The processor and the fetch loop call these and never ask which
+//! mode is on. Keys: those of `reliable.rs` / `basic.rs`.
+//!
+//! To add a strategy: a module beside `reliable.rs`, a variant of `Mode`, and one arm in each
+//! method below.
 
-mod blockers;
+mod acks;
+mod basic;
+mod reliable;
+pub mod unit_of_work;
+mod working_order;
 
-use crate::processor;
-use crate::unit_of_work::UnitOfWork;
-use crate::worker::Worker;
-use blockers::{Blocker, Delivery, ERROR_PAUSE};
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinSet;
+pub use working_order::working_key;
 
-/// How long quiet waits for blocked pops to come back: past their reply deadline, so a pop
-/// that already happened is never abandoned while its reply is still on the way.
-const BLOCKERS_GRACE: Duration =
-    Duration::from_secs(crate::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
-/// Most jobs one batch takes.
-const MAX_BATCH: usize = 256;
-/// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
-const MAX_BRPOP_CONNECTIONS: usize = 64;
-/// Jobs are short while their recent mean run time is under this; only then does the loop
-/// fetch the next batch while the current one runs (see `Pace`).
-const SHORT_JOB_MICROS: u64 = 2_000;
+use crate::connections::redis_conn::Conn;
+use crate::fetch::unit_of_work::UnitOfWork;
+use crate::process::shutdown::Shutdown;
+use basic::BasicFetch;
+use reliable::ReliableFetch;
+use std::sync::Mutex;
 
-/// The recent mean run time of this process's jobs (an exponential average over about the
-/// last 16), starting at one second: a process assumes long jobs until it has seen short ones.
-struct Pace(std::sync::atomic::AtomicU64);
+/// Jobs taken in one round trip, in fetch order.
+pub type Batch = redis::RedisResult<Vec<UnitOfWork>>;
 
-impl Default for Pace {
-    fn default() -> Pace {
-        Pace(std::sync::atomic::AtomicU64::new(1_000_000))
-    }
+/// Pause between attempts to write an outcome (as the acks are retried).
+const SETTLE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(500);
+
+enum Mode {
+    Reliable(ReliableFetch),
+    Basic(BasicFetch),
 }
 
-impl Pace {
-    fn record(&self, took: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let x = took.as_micros().min(u64::MAX as u128) as u64;
-        let old = self.0.load(Relaxed);
-        // A lost update under a race only skews the average a little.
-        self.0.store(old - old / 16 + x / 16, Relaxed);
-    }
-
-    fn short(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) < SHORT_JOB_MICROS
-    }
+/// What a blocking pop waits on.
+pub enum Wait {
+    /// Every queue in this fetch's order (basic fetch: BRPOP).
+    AllQueues,
+    /// One queue, into its working list (reliable fetch: BLMOVE).
+    Queue(String),
 }
 
-/// How many jobs a process may hold fetched beyond its slots, while jobs are short: one more
-/// batch of `concurrency`. A fetched job waits for a slot in our working list (reliable) or in
-/// memory (basic), so with long jobs (a reconcile cycle) nothing is fetched ahead: another
-/// process with a free slot must get it.
-fn fetch_ahead(concurrency: usize) -> usize {
-    concurrency
+pub struct FetchStrategy {
+    mode: Mode,
+    conn: Conn,
+    shutdown: Shutdown,
+    /// Jobs stopped and meant to go back to their queues while Redis could not be reached:
+    /// retried after every heartbeat that lands, so none stays in our working list for good.
+    deferred_requeues: Mutex<Vec<UnitOfWork>>,
 }
 
-/// Run a job's future here as far as it goes without waiting, and give it a task of its own
-/// only if it waits. Most jobs end at their first poll (a Rust handler with nothing to await),
-/// and a task per job (its allocation, its scheduling, the other thread woken to steal it)
-/// cost more than such a job itself. One that waits is spawned: tokio polls it again with
-/// its own waker, so the wake this poll registered for the loop is only a spurious one. A
-/// panic is contained as a task's would be: the future is dropped and the loop goes on (with
-/// reliable fetch the job stays in our working list, drained back to its queue at our stop).
-/// Runs under the loop's root span; the job's own context is its `job_scope`.
-async fn run_or_spawn(
-    mut run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>,
-) {
-    use std::task::Poll;
-    let first = std::future::poll_fn(|cx| {
-        Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-            || run.as_mut().poll(cx),
-        )))
-    })
-    .await;
-    match first {
-        Ok(Poll::Ready(())) => {}
-        // Under the root span, as this loop runs (a task does not inherit it).
-        Ok(Poll::Pending) => {
-            tokio::spawn(tracing::Instrument::instrument(
-                run,
-                crate::logging::root().clone(),
-            ));
-        }
-        Err(_) => tracing::error!(
-            "a job's run panicked outside its handler: dropped (reliable fetch keeps the job in the working list until this process stops)"
-        ),
-    }
-}
-
-/// Quiet came while the loop held jobs it had not started.
-struct Quieted;
-
-/// The fetch loop's state between rounds.
-struct FetchLoop {
-    worker: Arc<Worker>,
-    /// One per slot: a running job holds one.
-    slots: Arc<Semaphore>,
-    /// `concurrency + ahead`: a fetched job holds one from its fetch until it ends.
-    credits: Arc<Semaphore>,
-    ahead: usize,
-    pace: Arc<Pace>,
-    blockers: Vec<Blocker>,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
-    /// Fetched, not yet started (last = next to start).
-    held: Vec<UnitOfWork>,
-    /// The last blocking round timed out: the queues are idle.
-    idle: bool,
-    /// A fetch failed in a way that may have moved a job into our working list without
-    /// telling us; cleared by a rescue drain once we are fully idle.
-    may_hide_jobs: bool,
-}
-
-impl FetchLoop {
-    /// Take a delivery in hand: its blocker is free again.
-    fn take(&mut self, d: Delivery) {
-        self.blockers[d.from].disarm();
-        self.may_hide_jobs |= d.failed;
-        self.held.extend(d.job);
-    }
-
-    fn take_ready(&mut self) {
-        while let Ok(d) = self.deliveries.try_recv() {
-            self.take(d);
+impl FetchStrategy {
+    pub fn new(reliable: bool, identity: &str, conn: Conn, shutdown: Shutdown) -> FetchStrategy {
+        let mode = if reliable {
+            Mode::Reliable(ReliableFetch::start(identity, conn.clone()))
+        } else {
+            Mode::Basic(BasicFetch::new(conn.clone()))
+        };
+        FetchStrategy {
+            mode,
+            conn,
+            shutdown,
+            deferred_requeues: Mutex::default(),
         }
     }
 
-    /// Hand whatever we hold to runner tasks, in order, each with a credit; a runner waits
-    /// for a slot (tokio's semaphore is first come, first served, so fetch order is kept).
-    /// Biased: once quiet, a job not yet handed over goes back; a runner still waiting for its
-    /// slot at quiet hands its job back too, never starting it.
-    async fn start_held(&mut self) -> Result<(), Quieted> {
-        while let Some(job) = self.held.pop() {
-            if self.worker.shutdown.is_quiet() {
-                self.held.push(job);
-                return Err(Quieted);
-            }
-            // A free credit is taken at once: waiting (and so watching for quiet) is only
-            // for when there is none.
-            let credit = match self.credits.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => tokio::select! {
-                    biased;
-                    _ = self.worker.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
-                    p = self.credits.clone().acquire_owned() => p.expect("semaphore never closed"),
-                },
-            };
-            let worker = self.worker.clone();
-            let slots = self.slots.clone();
-            let pace = self.pace.clone();
-            // Boxed before its first poll: a run that waits is then moved into its task as a
-            // pointer (a polled future cannot move otherwise).
-            let run = Box::pin(async move {
-                // Quiet already: hand the job back. Otherwise the slot first, so a free one
-                // is taken without subscribing to the shutdown state; a runner still waiting
-                // for its slot at quiet hands its job back, never starting it.
-                let slot = if worker.shutdown.is_quiet() {
-                    None
-                } else if let Ok(p) = slots.clone().try_acquire_owned() {
-                    Some(p)
-                } else {
-                    tokio::select! {
-                        biased;
-                        p = slots.acquire_owned() => Some(p.expect("semaphore never closed")),
-                        _ = worker.shutdown.quieted() => None,
+    /// "reliable" or "basic", for the start line.
+    pub fn name(&self) -> &'static str {
+        match self.mode {
+            Mode::Reliable(_) => "reliable",
+            Mode::Basic(_) => "basic",
+        }
+    }
+
+    /// Whether a job of a process that dies can be found again (its working lists): then the
+    /// process keeps an alive key and a fetchers entry, holds a liveness lease, records its
+    /// locks, and sweeps for dead processes' jobs.
+    pub fn recovers_orphans(&self) -> bool {
+        matches!(self.mode, Mode::Reliable(_))
+    }
+
+    /// Take up to `n` jobs in `order` for the free slots, in one round trip per batch.
+    pub async fn take(&self, order: &[&str], n: usize, epoch: u64) -> Batch {
+        match &self.mode {
+            Mode::Reliable(r) => r.take(order, n, epoch).await,
+            Mode::Basic(b) => b.take(order, n, epoch).await,
+        }
+    }
+
+    /// The blocking pops an idle process keeps: one BLMOVE per queue (reliable), or one BRPOP
+    /// per slot up to `max` (basic, as Sidekiq runs one per thread).
+    pub fn waits(&self, queues: &[String], slots: usize, max: usize) -> Vec<Wait> {
+        match self.mode {
+            Mode::Reliable(_) => queues.iter().cloned().map(Wait::Queue).collect(),
+            Mode::Basic(_) => (0..slots.min(max)).map(|_| Wait::AllQueues).collect(),
+        }
+    }
+
+    /// How many blocking pops to have armed. Reliable: all (one per queue). Basic: one per
+    /// free slot, but only one once a round timed out (queues idle), so an idle process costs
+    /// 0.5 commands/s, not 0.5 x -c.
+    pub fn waits_to_arm(&self, all: usize, free: usize, idle: bool) -> usize {
+        match self.mode {
+            Mode::Reliable(_) => all,
+            Mode::Basic(_) if idle => 1,
+            Mode::Basic(_) => free,
+        }
+    }
+
+    /// Whether one delivery should end the other armed pops: a reliable process waits on
+    /// every queue for one job, so the others stop (whatever they moved is delivered too);
+    /// basic BRPOPs each wait for a slot of their own.
+    pub fn one_delivery_ends_waits(&self) -> bool {
+        matches!(self.mode, Mode::Reliable(_))
+    }
+
+    /// The command for one blocking pop.
+    pub fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
+        match (&self.mode, wait) {
+            (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
+            _ => BasicFetch::blocking_pop(order, timeout_secs),
+        }
+    }
+
+    /// The job a blocking pop's reply holds, if any.
+    pub fn delivered(
+        &self,
+        wait: &Wait,
+        reply: redis::Value,
+        epoch: u64,
+    ) -> redis::RedisResult<Option<UnitOfWork>> {
+        Ok(match wait {
+            Wait::Queue(q) => redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| {
+                let mut job = UnitOfWork {
+                    queue: q.as_str().into(),
+                    raw,
+                    epoch,
+                    seq: 0,
+                };
+                if let Mode::Reliable(r) = &self.mode {
+                    r.delivered(&mut job);
+                }
+                job
+            }),
+            Wait::AllQueues => {
+                redis::from_redis_value::<Option<(String, Vec<u8>)>>(reply)?.map(|(k, raw)| {
+                    UnitOfWork {
+                        queue: k.strip_prefix("queue:").unwrap_or(&k).into(),
+                        raw,
+                        epoch,
+                        seq: 0,
                     }
-                };
-                let Some(slot) = slot else {
-                    Box::pin(worker.fetch.requeue_logged(&job)).await;
-                    drop(credit);
-                    return;
-                };
-                let started = std::time::Instant::now();
-                processor::process(&worker, job, started).await;
-                pace.record(started.elapsed());
-                drop(slot);
-                drop(credit);
-            });
-            run_or_spawn(run).await;
-        }
-        Ok(())
+                })
+            }
+        })
     }
 
-    /// How many jobs the next fetch may take: the free credits, less the fetch-ahead ones while
-    /// jobs are not short. Waits until that is at least one.
-    async fn fetchable(&self) -> Result<usize, Quieted> {
+    /// Whether a failed fetch may have moved jobs into our working lists without telling us
+    /// (the script ran, its reply was lost), so a rescue `drain` is due once we are idle.
+    pub fn lost_reply_may_hide_jobs(&self) -> bool {
+        matches!(self.mode, Mode::Reliable(_))
+    }
+
+    /// A job finished: acknowledge it (batched, off the job's path).
+    pub fn acknowledge(&self, job: UnitOfWork) {
+        if let Mode::Reliable(r) = &self.mode {
+            r.acknowledge(job);
+        }
+    }
+
+    /// Record a job's outcome (the retry or dead writes in `pipe`) together with its
+    /// acknowledgement, in one MULTI, retrying until it lands: a MULTI is not rolled back when
+    /// one command fails, so the ack may already be applied and this write is the job's only
+    /// copy. Past the shutdown deadline it gives up (logged); with reliable fetch a job whose
+    /// ack did not land either stays in the working list and runs again rather than being lost.
+    pub async fn settle(&self, job: &UnitOfWork, mut pipe: redis::Pipeline) {
+        pipe.atomic();
+        if let Mode::Reliable(r) = &self.mode {
+            r.add_ack(&mut pipe, job);
+        }
+        if pipe.cmd_iter().next().is_none() {
+            return;
+        }
+        let mut conn = self.conn.clone();
         loop {
-            let reserve = if self.pace.short() { 0 } else { self.ahead };
-            let free = self.credits.available_permits().saturating_sub(reserve);
-            if free > 0 {
-                return Ok(free);
-            }
-            tokio::select! {
-                biased;
-                _ = self.worker.shutdown.quieted() => return Err(Quieted),
-                p = self.credits.acquire_many(reserve as u32 + 1) => drop(p),
-            }
-        }
-    }
-
-    /// Fully idle after a fetch whose reply was lost: anything in our working lists now is a
-    /// job that fetch moved there. Nothing runs, no ack waits, no pop is in flight, and only
-    /// this loop adds to the lists, so push them all back to their queues.
-    async fn rescue_if_idle(&mut self) -> bool {
-        let worker = &self.worker;
-        if !self.may_hide_jobs
-            || self.credits.available_permits() != worker.config.concurrency + self.ahead
-            || worker.fetch.acks_pending() != 0
-            || self.blockers.iter().any(Blocker::is_armed)
-        {
-            return false;
-        }
-        match worker.fetch.drain(&worker.config.queues.names()).await {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::warn!(
-                        jobs = n,
-                        "returned jobs a failed fetch had moved into our working list"
-                    );
+            let Err(e) = pipe.query_async::<()>(&mut conn).await else {
+                if let Mode::Reliable(r) = &self.mode {
+                    r.gone(job);
                 }
-                self.may_hide_jobs = false;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fetch: could not check our working lists");
-                false
-            }
-        }
-    }
-
-    /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
-    async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
-        let worker = self.worker.clone();
-        let want = worker
-            .fetch
-            .waits_to_arm(self.blockers.len(), free, self.idle);
-        let mut armed = self.blockers.iter().filter(|b| b.is_armed()).count();
-        for b in &self.blockers {
-            if armed >= want {
-                break;
-            }
-            if b.arm() {
-                armed += 1;
-            }
-        }
-        tokio::select! {
-            d = self.deliveries.recv() => match d {
-                Some(d) => {
-                    let got = d.job.is_some();
-                    self.idle = !got;
-                    self.take(d);
-                    if got && worker.fetch.one_delivery_ends_waits() && self.blockers.len() > 1 {
-                        blockers::unblock(&worker, &self.blockers).await;
-                    }
-                    Ok(())
-                }
-                None => Err(Quieted),
-            },
-            _ = worker.shutdown.quieted() => Err(Quieted),
-        }
-    }
-
-    /// One round: hand over what we hold, wait for a free credit, then take a batch or block.
-    async fn round(&mut self) -> Result<(), Quieted> {
-        self.start_held().await?;
-        let worker = self.worker.clone();
-        let free = self.fetchable().await?;
-        self.take_ready();
-        if !self.held.is_empty() {
-            self.idle = false;
-            return Ok(());
-        }
-        // A process whose liveness lease lapsed takes no work until a heartbeat lands again.
-        if !worker.liveness.is_live() {
-            tracing::warn!("liveness lease lapsed: not fetching until a heartbeat lands");
-            return tokio::select! {
-                _ = worker.liveness.live() => Ok(()),
-                _ = worker.shutdown.quieted() => Err(Quieted),
+                return;
             };
-        }
-        // Queues busy: take what the free slots can run. Only when that finds nothing do we
-        // block.
-        let order = worker.config.queues.order();
-        match worker
-            .fetch
-            .take(&order, free.min(MAX_BATCH), worker.liveness.epoch())
-            .await
-        {
-            Ok(v) if !v.is_empty() => {
-                worker.metrics.fetch_batch(v.len());
-                self.idle = false;
-                self.held = v;
-                self.held.reverse(); // started from the end: keep fetch order
-                return Ok(());
+            if self.shutdown.past_deadline() {
+                tracing::error!(error = %e, queue = %job.queue, payload = %job.payload_lossy(),
+                    "could not record the job's outcome in Redis before the shutdown deadline{}",
+                    if self.recovers_orphans() { "; if it is still in the working list it will run again" } else { "" });
+                return;
             }
-            Ok(_) => {}
+            tracing::warn!(error = %e, queue = %job.queue,
+                "could not record the job's outcome in Redis; retrying");
+            tokio::time::sleep(SETTLE_RETRY_PAUSE).await;
+        }
+    }
+
+    /// Push an unfinished job back to its queue, once. `Ok(false)`: it was no longer ours (the
+    /// orphan sweep had already returned it), nothing pushed.
+    pub async fn requeue(&self, job: &UnitOfWork) -> redis::RedisResult<bool> {
+        match &self.mode {
+            Mode::Reliable(r) => {
+                let pushed = r.requeue(job).await?;
+                // Pushed back, or returned by the sweep already: out of our list either way.
+                r.gone(job);
+                Ok(pushed)
+            }
+            Mode::Basic(b) => b.requeue(job).await,
+        }
+    }
+
+    /// Requeue, logging instead of failing: with reliable fetch a job we could not push back
+    /// stays in the working list and is retried after the next heartbeat that lands.
+    pub async fn requeue_logged(&self, job: &UnitOfWork) {
+        match self.requeue(job).await {
+            Ok(true) => tracing::info!(queue = %job.queue, "pushed 1 job back to Redis"),
+            Ok(false) => tracing::info!(queue = %job.queue,
+                "not pushed back: the orphan sweep had already returned it to its queue"),
+            Err(e) if self.recovers_orphans() => {
+                tracing::error!(queue = %job.queue, error = %e,
+                    "could not push the job back now; it stays in the working list and is retried after the next heartbeat");
+                self.deferred_requeues.lock().unwrap().push(job.clone());
+            }
             Err(e) => {
-                self.may_hide_jobs |= worker.fetch.lost_reply_may_hide_jobs();
-                tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
-                return tokio::select! {
-                    _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
-                    _ = worker.shutdown.quieted() => Err(Quieted),
-                };
+                tracing::error!(queue = %job.queue, error = %e, payload = %job.payload_lossy(),
+                "could not push the job back (basic fetch): this job is lost")
             }
         }
-        if self.rescue_if_idle().await {
-            return Ok(());
+    }
+
+    /// Push back the jobs whose requeue failed earlier (after a heartbeat landed). Each stays
+    /// deferred until Redis answers; LREM semantics keep a swept job from being pushed twice.
+    pub async fn retry_deferred_requeues(&self) {
+        let deferred = std::mem::take(&mut *self.deferred_requeues.lock().unwrap());
+        for job in deferred {
+            self.requeue_logged(&job).await;
         }
-        self.wait_for_work(free).await
     }
-}
 
-/// The credits a process fetches against: its slots, plus one batch ahead where a fetched job
-/// waits in our working list (reliable fetch). Basic fetch holds popped jobs only in memory,
-/// so it fetches only for free slots, as Sidekiq's one BRPOP per thread does.
-pub fn credits(worker: &Worker) -> usize {
-    let c = worker.config.concurrency;
-    c + if worker.fetch.recovers_orphans() {
-        fetch_ahead(c)
-    } else {
-        0
+    /// Acknowledgements queued or in flight, not yet confirmed by Redis.
+    pub fn acks_pending(&self) -> usize {
+        match &self.mode {
+            Mode::Reliable(r) => r.acks_pending(),
+            Mode::Basic(_) => 0,
+        }
     }
-}
 
-/// The fetch loop: runs until quiet/stop, starting one processor task per job, never more
-/// than `concurrency` at once (`slots`). Jobs fetched ahead wait in order for a slot; after
-/// quiet, every job not started is pushed straight back. The launcher waits for all of
-/// `credits` (every fetched job ended or handed back) before it drains.
-pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaphore>) {
-    let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
-    let mut tasks = JoinSet::new();
-    let waits = worker.fetch.waits(
-        &worker.config.queues.names(),
-        worker.config.concurrency,
-        MAX_BRPOP_CONNECTIONS,
-    );
-    let blockers = waits
-        .into_iter()
-        .enumerate()
-        .map(|(i, w)| blockers::spawn(i, worker.clone(), w, tx.clone(), &mut tasks))
-        .collect();
-    drop(tx);
-    let mut lp = FetchLoop {
-        worker: worker.clone(),
-        ahead: credits.available_permits() - worker.config.concurrency,
-        slots,
-        credits,
-        pace: Arc::new(Pace::default()),
-        blockers,
-        deliveries,
-        held: Vec::new(),
-        idle: false,
-        may_hide_jobs: false,
-    };
-    while lp.round().await.is_ok() {}
-    // Quiet: end the blocked pops and hand back everything fetched but not started.
-    blockers::unblock(&worker, &lp.blockers).await;
-    // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
-    // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
-    // still move stays in our working list, which the orphan sweep returns once we are gone).
-    let wait_all = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(BLOCKERS_GRACE, wait_all)
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "fetch: a blocking pop did not return (Redis unreachable?); not waiting for it"
-        );
-        tasks.abort_all();
+    /// Stop taking acknowledgements and wait until every queued one was sent.
+    pub async fn finish_acks(&self) {
+        if let Mode::Reliable(r) = &self.mode {
+            r.finish_acks().await;
+        }
     }
-    lp.take_ready();
-    for job in std::mem::take(&mut lp.held) {
-        worker.fetch.requeue_logged(&job).await;
+
+    /// Everything fetched but not finished goes back to its queue (Sidekiq's bulk_requeue):
+    /// our working lists are drained. Basic fetch holds nothing outside memory. Returns how
+    /// many jobs moved.
+    pub async fn drain(&self, queues: &[String]) -> redis::RedisResult<i64> {
+        match &self.mode {
+            Mode::Reliable(r) => r.drain(queues).await,
+            Mode::Basic(_) => Ok(0),
+        }
     }
 }

@@ -5,7 +5,7 @@
 //! `playguard:fetchers`, `playguard:locks:<identity>`, `<identity>`, `<identity>:work` and the
 //! lock keys; see `locks.rs`), and the output says so.
 
-use crate::db::Db;
+use crate::connections::db::Db;
 use serde::Serialize;
 use tokio_postgres::types::Type;
 
@@ -45,7 +45,7 @@ pub async fn from_ledger(
     db: &Db,
     key: Option<&str>,
     limit: i64,
-) -> Result<Vec<Cycle>, crate::db::DbError> {
+) -> Result<Vec<Cycle>, crate::connections::db::DbError> {
     let rows = match key {
         Some(k) => {
             db.query(

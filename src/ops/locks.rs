@@ -12,8 +12,8 @@
 //! it yet, or died and the orphan sweep has not come by. Locks taken with `--fetch basic` or
 //! through the library API without a holder record are not recorded, so not listed.
 
-use crate::db::Db;
-use crate::redis_conn::Conn;
+use crate::connections::db::Db;
+use crate::connections::redis_conn::Conn;
 use redis::Value;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -111,7 +111,7 @@ fn phases(work: &[(Vec<u8>, Vec<u8>)]) -> HashMap<String, Option<String>> {
 pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Found> {
     let (procs, fetchers): (Vec<String>, Vec<String>) = redis::pipe()
         .smembers("processes")
-        .hkeys(crate::liveness::FETCHERS_KEY)
+        .hkeys(crate::process::liveness::FETCHERS_KEY)
         .query_async(conn)
         .await?;
     let mut identities = procs;
@@ -121,7 +121,7 @@ pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Fou
 
     let mut pipe = redis::pipe();
     for id in &identities {
-        pipe.hgetall(crate::lock::locks_record_key(id))
+        pipe.hgetall(crate::cycle::lock::locks_record_key(id))
             .hget(id, "info")
             .hgetall(format!("{id}:work"));
     }
@@ -200,7 +200,7 @@ pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Fou
 }
 
 /// Replace each lock's fence by its running cycle's ledger fence (the one the cycle uses).
-async fn ledger_fences(db: &Db, locks: &mut [Lock]) -> Result<(), crate::db::DbError> {
+async fn ledger_fences(db: &Db, locks: &mut [Lock]) -> Result<(), crate::connections::db::DbError> {
     let keys: Vec<&str> = locks.iter().map(|l| l.key.as_str()).collect();
     let rows = db
         .query(
@@ -257,8 +257,8 @@ pub async fn connect(
         None => None,
     };
     let conn = async {
-        let client = crate::redis_conn::client(redis_url)?;
-        crate::redis_conn::shared(&client).await
+        let client = crate::connections::redis_conn::client(redis_url)?;
+        crate::connections::redis_conn::shared(&client).await
     }
     .await
     .map_err(|e| {
@@ -266,7 +266,7 @@ pub async fn connect(
             1,
             format!(
                 "cannot reach Redis at {}: {e}",
-                crate::redact::url(redis_url)
+                crate::connections::redact::url(redis_url)
             ),
         )
     })?;
@@ -275,14 +275,14 @@ pub async fn connect(
 
 /// `collect`, or the one line an operator reads when Redis cannot be read (exit code 1).
 pub async fn collect_or_report(
-    conn: &mut crate::redis_conn::Conn,
-    db: Option<&crate::db::Db>,
+    conn: &mut crate::connections::redis_conn::Conn,
+    db: Option<&crate::connections::db::Db>,
     redis_url: &str,
 ) -> Result<Found, i32> {
     collect(conn, db).await.map_err(|e| {
         eprintln!(
             "playguard: cannot read the locks from Redis at {}: {e}",
-            crate::redact::url(redis_url)
+            crate::connections::redact::url(redis_url)
         );
         1
     })

@@ -1,0 +1,488 @@
+//! The command line, with Sidekiq's habits: `playguard [run]`, `playguard enqueue`,
+//! `playguard check`. Flags win over `-C config/sidekiq.yml`, which wins over Sidekiq 7's
+//! defaults. A configuration error is one clear line and a non-zero exit.
+
+use crate::job::handler::Registry;
+use crate::launcher::StartError;
+use crate::manifest::jobs as manifest_jobs;
+use crate::worker::config::{self, Config};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(
+    name = "playguard",
+    version,
+    about = "A Sidekiq-compatible background worker",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the worker (the default).
+    Run(RunArgs),
+    /// Push a job as the Sidekiq client would.
+    Enqueue(EnqueueArgs),
+    /// Validate the manifests and reach Redis (and PostgreSQL when a database URL is set).
+    Check(CheckArgs),
+    /// Database helpers: `playguard db schema` prints the SQL of playguard's tables.
+    #[command(subcommand)]
+    Db(DbCmd),
+    /// List the locks workers hold: key, label, holder, jid, phase, held, left, fence.
+    Locks(LocksArgs),
+    /// List recent cycles from the ledger (PostgreSQL), or the running ones Redis knows.
+    Cycles(CyclesArgs),
+}
+
+#[derive(Subcommand)]
+enum DbCmd {
+    /// Print the CREATE TABLE statements of playguard_fences and playguard_cycles.
+    Schema,
+}
+
+/// `--database-url`, shared by `run` and `check`. The env value is never shown in --help.
+#[derive(Args, Clone, Default)]
+struct DatabaseUrl {
+    /// PostgreSQL URL (postgres://user:password@host/db?sslmode=require, any libpq sslmode):
+    /// fences for `fence = "database"` locks and the cycle ledger.
+    #[arg(long = "database-url", env = "DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+}
+
+/// `-r`, shared by every subcommand.
+#[derive(Args, Clone, Default)]
+struct RedisUrl {
+    /// Redis URL (redis://, rediss://, user:password@, /db).
+    #[arg(
+        short = 'r',
+        long = "redis",
+        env = "REDIS_URL",
+        // The environment's value may hold a password: never show it in --help.
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    url: String,
+}
+
+#[derive(Args, Clone, Default)]
+struct RunArgs {
+    #[command(flatten)]
+    redis: RedisUrl,
+    #[command(flatten)]
+    database: DatabaseUrl,
+    /// Queue to process, optionally with a weight: -q critical,3 -q default. Repeatable.
+    #[arg(short = 'q', long = "queue")]
+    queues: Vec<String>,
+    /// Concurrency (jobs at once). Default 5, as Sidekiq 7.
+    #[arg(short = 'c', long)]
+    concurrency: Option<usize>,
+    /// Shutdown timeout in seconds. Default 25.
+    #[arg(short = 't', long)]
+    timeout: Option<f64>,
+    /// Sidekiq YAML config (default: config/sidekiq.yml when present).
+    #[arg(short = 'C', long = "config")]
+    config: Option<PathBuf>,
+    /// Job manifest folder.
+    #[arg(short = 'j', long = "jobs", default_value = "jobs")]
+    jobs: PathBuf,
+    /// Environment (else APP_ENV, RAILS_ENV, RACK_ENV, development); picks the YAML section.
+    #[arg(short = 'e', long = "environment")]
+    environment: Option<String>,
+    /// Process tag shown on the Busy page.
+    #[arg(short = 'g', long)]
+    tag: Option<String>,
+    /// text or json.
+    #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// reliable (default: nothing is lost on SIGKILL) or basic (Sidekiq OSS BRPOP).
+    #[arg(long, default_value = "reliable", value_parser = ["reliable", "basic"])]
+    fetch: String,
+    /// Average scheduled-poll interval in seconds (Sidekiq's average_scheduled_poll_interval).
+    #[arg(long = "poll-interval")]
+    poll_interval: Option<f64>,
+    /// Payloads longer than this many bytes go to the dead set unparsed. Default 10 MB.
+    #[arg(long = "max-payload-bytes")]
+    max_payload_bytes: Option<usize>,
+    /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
+    #[arg(long = "metrics-addr")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Write the Metrics-tab keys of Sidekiq 7.x, 8.x, both (default) or none (off).
+    #[arg(long = "sidekiq-metrics", default_value = "both", value_parser = ["7", "8", "both", "off"])]
+    sidekiq_metrics: String,
+}
+
+#[derive(Args)]
+struct EnqueueArgs {
+    /// The Sidekiq class name.
+    class: String,
+    /// Arguments, each a JSON value (a bare word is taken as a string; -5 is a number).
+    #[arg(allow_negative_numbers = true)]
+    args: Vec<String>,
+    #[command(flatten)]
+    redis: RedisUrl,
+    #[arg(long, default_value = "default")]
+    queue: String,
+    /// Run in this many seconds (goes to the schedule set).
+    #[arg(long = "in")]
+    in_secs: Option<f64>,
+    /// N, true or false.
+    #[arg(long)]
+    retry: Option<String>,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    #[arg(short = 'j', long = "jobs", default_value = "jobs")]
+    jobs: PathBuf,
+    #[command(flatten)]
+    redis: RedisUrl,
+    #[command(flatten)]
+    database: DatabaseUrl,
+}
+
+#[derive(Args)]
+struct LocksArgs {
+    #[command(flatten)]
+    redis: RedisUrl,
+    /// With it, the fence shown is the running cycle's ledger fence.
+    #[command(flatten)]
+    database: DatabaseUrl,
+    /// One JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct CyclesArgs {
+    #[command(flatten)]
+    redis: RedisUrl,
+    #[command(flatten)]
+    database: DatabaseUrl,
+    /// Only the cycles of this lock key.
+    #[arg(long)]
+    key: Option<String>,
+    /// At most this many cycles, newest first.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    limit: u32,
+    /// One JSON array instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn environment(flag: Option<String>) -> String {
+    flag.or_else(|| {
+        ["APP_ENV", "RAILS_ENV", "RACK_ENV"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    })
+    .unwrap_or_else(|| "development".into())
+}
+
+fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
+    let mut c = Config {
+        redis_url: a.redis.url,
+        env: environment(a.environment),
+        jobs_dir: a.jobs,
+        reliable_fetch: a.fetch == "reliable",
+        metrics_addr: a.metrics_addr,
+        sidekiq_metrics: a.sidekiq_metrics.parse()?,
+        database_url: a.database.database_url.filter(|u| !u.is_empty()),
+        ..Config::default()
+    };
+    let file = match a.config {
+        Some(p) => Some(p),
+        None => Some(PathBuf::from("config/sidekiq.yml")).filter(|p| p.exists()),
+    };
+    if let Some(path) = file {
+        let f = config::load_file(&path, &c.env).map_err(|e| e.to_string())?;
+        if let Some(n) = f.concurrency {
+            c.concurrency = n;
+        }
+        if let Some(t) = f.timeout {
+            c.timeout = Duration::from_secs_f64(t.max(0.0));
+        }
+        if let Some(q) = f.queues {
+            if !q.is_empty() {
+                c.queues = crate::job::queues::QueueOrder::new(q);
+            }
+        }
+        c.tag = f.tag;
+        c.labels = f.labels.unwrap_or_default();
+        if let Some(p) = f.poll_interval_average {
+            c.poll_interval_average = p;
+        }
+    }
+    if !a.queues.is_empty() {
+        c.queues = crate::job::queues::QueueOrder::new(
+            a.queues
+                .iter()
+                .map(|q| config::parse_queue_arg(q))
+                .collect::<Result<_, _>>()?,
+        );
+    }
+    if let Some(n) = a.concurrency {
+        c.concurrency = n;
+    }
+    if let Some(n) = a.max_payload_bytes {
+        c.max_payload_bytes = n;
+    }
+    if c.concurrency == 0 {
+        return Err("concurrency must be at least 1".into());
+    }
+    if let Some(t) = a.timeout {
+        if !(t >= 0.0 && t.is_finite()) {
+            return Err(format!("-t {t}: the timeout must be a number of seconds"));
+        }
+        c.timeout = Duration::from_secs_f64(t);
+    }
+    if a.tag.is_some() {
+        c.tag = a.tag;
+    }
+    if let Some(p) = a.poll_interval {
+        if !(p > 0.0 && p.is_finite()) {
+            return Err("--poll-interval must be > 0".into());
+        }
+        c.poll_interval_average = p;
+    }
+    Ok((c, a.log_format == "json"))
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Entry point of the binary.
+pub fn main() -> i32 {
+    main_with(Registry::new())
+}
+
+/// Entry point for embedders: the full CLI, with Rust handlers already registered.
+pub fn main_with(registry: Registry) -> i32 {
+    // This executable also runs as the worker's command guardian: before anything else starts.
+    if let Some(code) = crate::commands::guardian::main_if_requested() {
+        return code;
+    }
+    let cli = Cli::parse();
+    match cli.cmd {
+        None => run(cli.run, registry),
+        Some(Cmd::Run(a)) => run(a, registry),
+        Some(Cmd::Enqueue(a)) => enqueue(a),
+        Some(Cmd::Check(a)) => check(a, &registry),
+        Some(Cmd::Db(DbCmd::Schema)) => {
+            print!("{}", crate::connections::db::SCHEMA);
+            0
+        }
+        Some(Cmd::Locks(a)) => {
+            let db = a.database.database_url.filter(|u| !u.is_empty());
+            runtime().block_on(crate::ops::locks::command(
+                &a.redis.url,
+                db.as_deref(),
+                a.json,
+            ))
+        }
+        Some(Cmd::Cycles(a)) => {
+            let db = a.database.database_url.filter(|u| !u.is_empty());
+            runtime().block_on(crate::ops::cycles::command(
+                &a.redis.url,
+                db.as_deref(),
+                a.key.as_deref(),
+                a.limit,
+                a.json,
+            ))
+        }
+    }
+}
+
+fn run(a: RunArgs, registry: Registry) -> i32 {
+    let (config, json) = match build_config(a) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("playguard: configuration error: {e}");
+            return 2;
+        }
+    };
+    let _log_guard = crate::logging::init(json);
+    use tracing::Instrument;
+    let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
+    match runtime().block_on(fut) {
+        Ok(()) => 0,
+        Err(e) => start_failed(&e),
+    }
+}
+
+/// One line on stderr for a failed start (or `check`), and the exit code it calls for.
+fn start_failed(e: &StartError) -> i32 {
+    match e {
+        StartError::Config(_) => eprintln!("playguard: configuration error: {e}"),
+        _ => eprintln!("playguard: {e}"),
+    }
+    e.exit_code()
+}
+
+fn enqueue(a: EnqueueArgs) -> i32 {
+    if a.queue.trim().is_empty() {
+        eprintln!("playguard: --queue must not be empty");
+        return 2;
+    }
+    let mut args = Vec::new();
+    for (i, s) in a.args.iter().enumerate() {
+        match parse_arg(s) {
+            Ok(v) => args.push(v),
+            Err(e) => {
+                eprintln!(
+                    "playguard: argument {} ({s:?}) is not valid JSON: {e}",
+                    i + 1
+                );
+                return 2;
+            }
+        }
+    }
+    let retry = match a.retry.as_deref() {
+        None | Some("true") => serde_json::Value::Bool(true),
+        Some("false") => serde_json::Value::Bool(false),
+        Some(n) => match n.parse::<i64>() {
+            Ok(n) => serde_json::Value::from(n),
+            Err(_) => {
+                eprintln!("playguard: --retry takes a number, true or false, not {n:?}");
+                return 2;
+            }
+        },
+    };
+    let job = crate::job::client::NewJob {
+        class: a.class,
+        args,
+        queue: a.queue,
+        retry,
+        at: a.in_secs.map(|s| crate::job::payload::now_f64() + s),
+    };
+    let res = runtime().block_on(async {
+        let client = crate::connections::redis_conn::client(&a.redis.url)?;
+        let mut conn = crate::connections::redis_conn::shared(&client).await?;
+        crate::job::client::push(&mut conn, &job).await
+    });
+    match res {
+        Ok(jid) => {
+            println!("{jid}");
+            0
+        }
+        Err(e) => {
+            eprintln!(
+                "playguard: cannot enqueue at {}: {e}",
+                crate::connections::redact::url(&a.redis.url)
+            );
+            1
+        }
+    }
+}
+
+/// A JSON value; a bare word (not starting like JSON) is taken as a string, so
+/// `enqueue Job hello 42` sends ["hello", 42], while a broken `[1,` is an error, not "[1,".
+fn parse_arg(s: &str) -> Result<serde_json::Value, serde_json::Error> {
+    match serde_json::from_str(s) {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let t = s.trim_start();
+            let looks_json = t.starts_with(['[', '{', '"'])
+                || t.starts_with(|c: char| c.is_ascii_digit())
+                || (t.starts_with('-') && t[1..].starts_with(|c: char| c.is_ascii_digit()));
+            if looks_json {
+                Err(e)
+            } else {
+                Ok(serde_json::Value::from(s))
+            }
+        }
+    }
+}
+
+fn check(a: CheckArgs, registry: &Registry) -> i32 {
+    let m = match manifest_jobs::load_manifest(&a.jobs, registry) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("playguard: bad manifest: {e}");
+            return StartError::Config(e).exit_code();
+        }
+    };
+    let database = match check_database(&a, &m, registry) {
+        Ok(d) => d,
+        Err(e) => return start_failed(&e),
+    };
+    let url = crate::connections::redact::url(&a.redis.url);
+    let res = runtime().block_on(async {
+        let unreachable = |err| StartError::RedisUnreachable {
+            url: url.clone(),
+            err,
+        };
+        let client = crate::connections::redis_conn::client(&a.redis.url).map_err(unreachable)?;
+        let mut conn = crate::connections::redis_conn::shared(&client)
+            .await
+            .map_err(unreachable)?;
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn)
+            .await
+            .map_err(unreachable)?;
+        let version = crate::connections::redis_conn::check_server(&mut conn)
+            .await
+            .map_err(|e| StartError::from_server(&url, e))?;
+        Ok::<_, StartError>(match conn.primary() {
+            Some(p) => format!("{version} (primary {p})"),
+            None => version,
+        })
+    });
+    match res {
+        Err(e) => start_failed(&e),
+        Ok(version) => {
+            println!(
+                "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {url} answers",
+                m.jobs.len(),
+                a.jobs.display(),
+                m.periodic.len(),
+                registry.classes().len(),
+            );
+            if let Some(line) = database {
+                println!("ok: {line}");
+            }
+            0
+        }
+    }
+}
+
+/// The database half of `check`: a `fence = "database"` job without a URL is a configuration
+/// error (2); a URL that does not answer is 1. The password is never printed.
+fn check_database(
+    a: &CheckArgs,
+    m: &crate::manifest::Manifest,
+    registry: &Registry,
+) -> Result<Option<String>, StartError> {
+    let url = a.database.database_url.as_deref().filter(|u| !u.is_empty());
+    let needing = manifest_jobs::needing_database(m, registry);
+    if url.is_none() && !needing.is_empty() {
+        return Err(StartError::Config(manifest_jobs::missing_database(
+            &needing,
+        )));
+    }
+    let Some(url) = url else {
+        return Ok(None);
+    };
+    let db = crate::connections::db::Db::new(url, "playguard-check")
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let version = runtime()
+        .block_on(db.server_version())
+        .map_err(|e| StartError::Database {
+            url: db.shown_url().to_string(),
+            err: e.to_string(),
+        })?;
+    Ok(Some(format!(
+        "PostgreSQL {version} at {} answers",
+        db.shown_url()
+    )))
+}

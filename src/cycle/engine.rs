@@ -1,0 +1,531 @@
+//! The phased-lock engine: a [`Cycle`] runs its phases one after another under a token lock.
+//! Keys: the cycle's lock key, `<key>:fence` and the holder record `playguard:locks:<identity>`
+//! (through `lock.rs`); with database fences, tables `playguard_fences` and `playguard_cycles`
+//! (through `fence_store.rs`).
+//!
+//! The cycle: take the token lock first, and if someone else holds it, log and finish without
+//! retry (the next tick reconciles). Then run phase after phase and renew the lease after
+//! each one, never before: the TTL only has to cover one phase. A renewal that cannot prove
+//! ownership (another token, no key, any Redis error) stops the cycle: no further phase starts.
+//! After the last phase, without a database, the release's compare-and-delete gives that
+//! proof itself (the same token comparison), so no separate renewal is sent.
+//! A phase is never left running past the lease's local deadline: it is stopped (a command
+//! phase's process group is killed, KILL, no grace) and the cycle ends as "lock lost". However
+//! the cycle ends, the lease is released with compare-and-delete, so a newer owner's lock
+//! survives. At shutdown the cycle stops at the next boundary (or its phase is stopped at the
+//! deadline), releases, and the processor pushes the original payload back to the head of the
+//! queue.
+//!
+//! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
+//! store's business (`fence_store.rs`): the cycle only asks it to hold, renew and finish.
+//! What a phase runs is not: manifest command phases are in `reconcile.rs`, Rust phases are
+//! [`FnPhase`] or any [`Phase`].
+
+use crate::commands::child;
+use crate::cycle::fences::{self, FenceSource, Held};
+use crate::cycle::keys::{render_key, render_template};
+use crate::cycle::ledger::End;
+use crate::cycle::lock;
+use crate::job::error_class;
+use crate::job::handler::{BoxFuture, Handler, JobContext, Outcome};
+use crate::job::retry::Failure;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+/// What a phase is told about its run: the job's context plus the lease facts.
+#[derive(Clone)]
+pub struct PhaseContext {
+    pub job: JobContext,
+    pub phase: String,
+    pub lock_key: String,
+    /// The fencing token: pass it to every downstream write (see lock.rs).
+    pub fence: i64,
+    /// The lease's local deadline: the phase must be done by then.
+    pub lease_deadline: Instant,
+    /// When this phase must stop: the lease deadline or, earlier, its own timeout.
+    pub stop_at: Instant,
+}
+
+impl std::ops::Deref for PhaseContext {
+    type Target = JobContext;
+    fn deref(&self) -> &JobContext {
+        &self.job
+    }
+}
+
+/// Why a phase was stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum StopCause {
+    LeaseDeadline,
+    PhaseTimeout,
+    Shutdown,
+    /// The process's liveness lease lapsed: the job may be recovered elsewhere.
+    Liveness,
+}
+
+/// How one phase ended.
+#[derive(Debug)]
+pub enum PhaseEnd {
+    Ok,
+    Failed(Failure),
+    Stopped(StopCause),
+}
+
+/// One phase of a cycle. Command phases come from manifests (`reconcile::CommandPhase`); Rust
+/// phases implement this.
+pub trait Phase: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    /// Run the phase. Stop by `ctx.stop_at` and at the shutdown deadline; a Rust phase that
+    /// does not is abandoned (its future dropped) at those moments.
+    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd>;
+}
+
+/// When a phase must stop and why: the earliest of lease deadline, phase timeout, shutdown.
+pub(crate) async fn stop_signal(ctx: &PhaseContext) -> StopCause {
+    let cause_at = if ctx.stop_at < ctx.lease_deadline {
+        StopCause::PhaseTimeout
+    } else {
+        StopCause::LeaseDeadline
+    };
+    tokio::select! {
+        _ = tokio::time::sleep_until(ctx.stop_at) => cause_at,
+        _ = ctx.shutdown.hard_deadline() => StopCause::Shutdown,
+        _ = ctx.job.liveness.lapse() => StopCause::Liveness,
+    }
+}
+
+/// A Rust phase from an async closure: `Ok(())` = done, `Err(Failure)` = the job fails.
+pub struct FnPhase<F> {
+    name: String,
+    f: F,
+}
+
+impl<F, Fut> Phase for FnPhase<F>
+where
+    F: Fn(PhaseContext) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
+{
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
+        let fut = (self.f)(ctx);
+        Box::pin(async move { fut.await.map_or_else(PhaseEnd::Failed, |()| PhaseEnd::Ok) })
+    }
+}
+
+/// Lock settings of a phased job.
+#[derive(Debug, Clone)]
+pub struct LockConfig {
+    /// Key template: `{args.N}`, `{class}`, `{queue}`.
+    pub key: String,
+    pub ttl: Duration,
+    /// How logs name the guarded thing ("Marquee {args.0}"); default: the key.
+    pub label: Option<String>,
+    /// Where fences come from (`fence = "redis"`, the default, or `"database"`).
+    pub fence: FenceSource,
+}
+
+/// A cycle: a lock and its phases, each with an optional timeout.
+pub struct Cycle {
+    pub lock: LockConfig,
+    pub phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
+}
+
+impl Cycle {
+    /// A cycle under `key` (a template such as "playguard:marquee:{args.0}") with `ttl`.
+    pub fn new(key: impl Into<String>, ttl: Duration) -> Cycle {
+        Cycle {
+            lock: LockConfig {
+                key: key.into(),
+                ttl,
+                label: None,
+                fence: FenceSource::Redis,
+            },
+            phases: Vec::new(),
+        }
+    }
+
+    /// Take fences from PostgreSQL (`playguard_fences`) instead of Redis; the worker then
+    /// needs a database URL.
+    pub fn fence(mut self, source: FenceSource) -> Cycle {
+        self.lock.fence = source;
+        self
+    }
+
+    /// Name the guarded thing in logs, e.g. "Marquee {args.0}".
+    pub fn label(mut self, label: impl Into<String>) -> Cycle {
+        self.lock.label = Some(label.into());
+        self
+    }
+
+    pub fn phase(mut self, phase: impl Phase, timeout: Option<Duration>) -> Cycle {
+        self.phases.push((Arc::new(phase), timeout));
+        self
+    }
+
+    /// Add a phase from an async closure.
+    pub fn phase_fn<F, Fut>(self, name: impl Into<String>, f: F) -> Cycle
+    where
+        F: Fn(PhaseContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
+    {
+        self.phase(
+            FnPhase {
+                name: name.into(),
+                f,
+            },
+            None,
+        )
+    }
+}
+
+/// Records the outcome and releases the lease however the cycle ends, even if the cycle's
+/// future is dropped (then only the release happens; the ledger row stays `running` and the
+/// next acquisition marks it `uncertain`).
+struct ReleaseGuard {
+    lease: Option<Held>,
+}
+
+impl ReleaseGuard {
+    /// Write the outcome to the ledger (while the lock is still ours), then release.
+    async fn end(&mut self, end: End, phase: Option<&str>, error: Option<&str>, why: &str) {
+        if let Some(held) = self.lease.as_ref() {
+            held.finish(end, phase, error).await;
+        }
+        self.release(why).await;
+    }
+
+    /// The lock can no longer be proven ours: recorded as `lock_lost`, then released.
+    async fn lost(&mut self, phase: Option<&str>, error: &str) {
+        self.end(End::LockLost, phase, Some(error), "lock lost")
+            .await;
+    }
+
+    /// The process's liveness lease lapsed: the job goes back, recorded as interrupted.
+    async fn lapsed(&mut self, phase: Option<&str>) {
+        let why = "liveness lease lapsed";
+        self.end(End::Interrupted, phase, Some(why), "liveness lapsed")
+            .await;
+    }
+
+    /// Release the lease after the last phase, proving it was ours through that phase
+    /// (`Lease::release_proving`). On `Err` the lease is gone, unless Redis could not be
+    /// asked: then it is still held, for [`ReleaseGuard::lost`] to release.
+    async fn release_proving(&mut self) -> Result<(), lock::LockLost> {
+        let held = self.lease.take().expect("held between phases");
+        let lease = &held.lease;
+        match lease.release_proving().await {
+            Ok(()) => {
+                tracing::info!(
+                    lock_key = lease.key(),
+                    fence = held.fence(),
+                    "lock released (cycle complete)"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                if matches!(e, lock::LockLost::Redis(_)) {
+                    self.lease = Some(held);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn release(&mut self, why: &str) {
+        if let Some(held) = self.lease.take() {
+            let lease = &held.lease;
+            match lease.release().await {
+                Ok(true) => tracing::info!(lock_key = lease.key(), fence = held.fence(), "lock released ({why})"),
+                Ok(false) => tracing::info!(lock_key = lease.key(),
+                    "lock was no longer ours at release ({why}); the newer owner's lock is untouched"),
+                Err(e) => tracing::warn!(lock_key = lease.key(), error = %e,
+                    "could not release the lock ({why}); it expires by its ttl"),
+            }
+        }
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        if let Some(held) = self.lease.take() {
+            // Cancelled or panicked mid-cycle: release in the background.
+            if let Ok(h) = tokio::runtime::Handle::try_current() {
+                h.spawn(async move {
+                    let _ = held.lease.release().await;
+                });
+            }
+        }
+    }
+}
+
+impl Handler for Cycle {
+    fn stops_itself(&self) -> bool {
+        true
+    }
+
+    fn needs_database(&self) -> bool {
+        self.lock.fence == FenceSource::Database
+    }
+
+    fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
+        let lock = self.lock.clone();
+        let phases = self.phases.clone();
+        Box::pin(run_cycle(lock, phases, ctx))
+    }
+}
+
+async fn run_cycle(
+    lock: LockConfig,
+    phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
+    ctx: JobContext,
+) -> Outcome {
+    // Job data must not pick another key (`9:fence`, another class's lock): refused before
+    // any Redis write, and dead at once, since no retry can change the arguments.
+    let key = match render_key(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args) {
+        Ok(k) => k,
+        Err(why) => {
+            tracing::error!(error_class = crate::job::error_class::BAD_LOCK_KEY, lock_key = %lock.key,
+                "refused: the job's arguments cannot form its lock key: {why}");
+            return Outcome::Failed(Failure::new(
+                crate::job::error_class::BAD_LOCK_KEY,
+                format!("lock key {:?}: {why}", lock.key),
+            ));
+        }
+    };
+    let label = lock
+        .label
+        .as_deref()
+        .map(|l| render_template(l, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args))
+        .unwrap_or_else(|| key.clone());
+    let holder = ctx.locks_record.as_deref().map(|record| lock::Holder {
+        record: record.to_string(),
+        jid: ctx.jid.to_string(),
+        class: ctx.class.to_string(),
+        label: lock.label.as_ref().map(|_| label.clone()),
+    });
+    let lease = match lock::acquire_as(&ctx.redis, &key, lock.ttl, holder.as_ref()).await {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            ctx.metrics.lock_event(&ctx.class, "skipped");
+            tracing::info!(lock_key = %key, "{label} is already locked; skipping this run (no retry)");
+            return Outcome::Done;
+        }
+        Err(e) => {
+            return Outcome::Failed(Failure::new(
+                error_class::LOCK_ERROR,
+                format!("cannot take lock {key}: {e}"),
+            ));
+        }
+    };
+    // The fence (Redis or PostgreSQL) and the ledger row; fail closed: without them, no phase.
+    let held = match fences::hold(lease, lock.fence, ctx.db.as_ref(), &ctx.jid).await {
+        Ok(h) => h,
+        Err((lease, e)) => {
+            if let Err(re) = lease.release().await {
+                tracing::warn!(lock_key = %key, error = %re,
+                    "could not release the lock; it expires by its ttl");
+            }
+            let db = ctx.db.as_ref().map(|d| d.shown_url()).unwrap_or("-");
+            tracing::warn!(lock_key = %key, error = %e, database = %db,
+                "{label}: could not record the acquisition in PostgreSQL; lock released, the job is retried");
+            return Outcome::Failed(Failure::new(
+                error_class::LOCK_ERROR,
+                format!("cannot record lock {key} in PostgreSQL: {e}"),
+            ));
+        }
+    };
+    let fence = held.fence();
+    ctx.metrics.lock_event(&ctx.class, "acquired");
+    tracing::info!(lock_key = %key, fence, cycle_id = ?held.cycle_id(), ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
+    let mut guard = ReleaseGuard { lease: Some(held) };
+    let half_ttl = lock.ttl / 2;
+    // The phase the cycle is in, or last finished: the ledger's `phase`.
+    let mut last: Option<String> = None;
+    for (i, (phase, timeout)) in phases.iter().enumerate() {
+        let name = phase.name().to_string();
+        if ctx.shutdown.is_stopping() {
+            tracing::info!(next_phase = %name, "shutdown: stopping at the phase boundary");
+            guard
+                .end(End::Interrupted, last.as_deref(), None, "shutdown")
+                .await;
+            return Outcome::Requeue;
+        }
+        if ctx.liveness.lapsed() {
+            tracing::warn!(next_phase = %name, "liveness lease lapsed: stopping at the phase boundary");
+            guard.lapsed(last.as_deref()).await;
+            ctx.set_phase(None);
+            return Outcome::Requeue;
+        }
+        let lease = &guard.lease.as_ref().expect("held between phases").lease;
+        let lease_deadline = lease.deadline();
+        if lease.remaining().is_zero() {
+            // A slow renewal ate the whole lease: starting a phase now would be unguarded.
+            ctx.metrics.lock_event(&ctx.class, "lost");
+            tracing::warn!(next_phase = %name, lock_key = %key,
+                "aborted: lock lost (no lease time left to start the phase)");
+            guard
+                .lost(
+                    last.as_deref(),
+                    "no lease time left to start the next phase",
+                )
+                .await;
+            ctx.set_phase(None);
+            return Outcome::Done;
+        }
+        last = Some(name.clone());
+        let started = Instant::now();
+        let stop_at = match timeout {
+            Some(t) => lease_deadline.min(started + *t),
+            None => lease_deadline,
+        };
+        ctx.set_phase(Some(&name));
+        tracing::info!(phase = %name, step = i + 1, of = phases.len(), fence, "phase start");
+        let mut job = ctx.clone();
+        job.slot = None;
+        let pctx = PhaseContext {
+            job,
+            phase: name.clone(),
+            lock_key: key.clone(),
+            fence,
+            lease_deadline,
+            stop_at,
+        };
+        // Phase output lines carry the jid (job scope), the guarded thing and the phase.
+        let span = tracing::info_span!("phase", lock = %label, phase = %name);
+        let end = run_phase(phase.clone(), pctx).instrument(span).await;
+        let took = started.elapsed();
+        ctx.metrics
+            .phase_finished(&ctx.class, &name, took.as_secs_f64());
+        tracing::info!(phase = %name, elapsed_ms = took.as_millis() as u64, result = ?end, "phase end");
+        if took > half_ttl {
+            tracing::warn!(phase = %name, elapsed_ms = took.as_millis() as u64, ttl_ms = lock.ttl.as_millis() as u64,
+                "phase took more than half the lock ttl; raise ttl_secs or split the phase");
+        }
+        match end {
+            PhaseEnd::Ok => {}
+            PhaseEnd::Failed(f) => {
+                guard
+                    .end(End::Failed, Some(&name), Some(&f.message), "phase failed")
+                    .await;
+                ctx.set_phase(None);
+                return Outcome::Failed(f);
+            }
+            PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
+                let message = format!("phase {name} timed out after {:.1}s", took.as_secs_f64());
+                guard
+                    .end(End::Failed, Some(&name), Some(&message), "phase timeout")
+                    .await;
+                ctx.set_phase(None);
+                return Outcome::Failed(Failure::new(error_class::TIMEOUT_ERROR, message));
+            }
+            PhaseEnd::Stopped(StopCause::Shutdown) => {
+                guard
+                    .end(End::Interrupted, Some(&name), None, "shutdown")
+                    .await;
+                return Outcome::Requeue;
+            }
+            PhaseEnd::Stopped(StopCause::Liveness) => {
+                tracing::warn!(phase = %name, lock_key = %key,
+                    "liveness lease lapsed: phase killed, job handed back");
+                guard.lapsed(Some(&name)).await;
+                ctx.set_phase(None);
+                return Outcome::Requeue;
+            }
+            PhaseEnd::Stopped(StopCause::LeaseDeadline) => {
+                ctx.metrics.lock_event(&ctx.class, "lost");
+                tracing::warn!(phase = %name, lock_key = %key,
+                    "aborted: lock lost (the phase outlived its lease and was killed)");
+                guard
+                    .lost(Some(&name), "the phase outlived its lease and was killed")
+                    .await;
+                return Outcome::Done;
+            }
+        }
+        // After the last phase no lease is needed, only the proof that the phase ran under it.
+        // Without a database (no fence to check there, no ledger row to write while the lock
+        // is ours) that proof is the release itself: its compare-and-DEL makes the renewal's
+        // comparison of our token, so the cycle's last renewal is folded into it (one round
+        // trip fewer per cycle, the same verdict).
+        if i + 1 == phases.len() && guard.lease.as_ref().is_some_and(|h| h.release_proves()) {
+            ctx.set_phase(None);
+            let Err(lost) = guard.release_proving().await else {
+                return Outcome::Done;
+            };
+            ctx.metrics.lock_event(&ctx.class, "lost");
+            tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
+                "aborted: lock lost; no further phase starts");
+            if guard.lease.is_some() {
+                // Redis could not be asked: the key may still be ours; release it as after a
+                // failed renewal.
+                guard.lost(Some(&name), &lost.to_string()).await;
+            } else {
+                tracing::info!(lock_key = %key,
+                    "lock was no longer ours at release (lock lost); the newer owner's lock is untouched");
+            }
+            if ctx.liveness.lapsed() {
+                return Outcome::Requeue;
+            }
+            return Outcome::Done;
+        }
+        // Renew after the phase, not before: this proves we held the lock through it (and,
+        // with database fences, that playguard_fences still holds our fence).
+        let held = guard.lease.as_mut().expect("held between phases");
+        if let Err(lost) = held.renew().await {
+            ctx.metrics.lock_event(&ctx.class, "lost");
+            tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
+                "aborted: lock lost; no further phase starts");
+            guard.lost(Some(&name), &lost.to_string()).await;
+            ctx.set_phase(None);
+            // Unreachable Redis long enough to lapse our liveness: the job goes back (the
+            // sweep may already have it), so the Marquee is not left to the next tick.
+            if ctx.liveness.lapsed() {
+                return Outcome::Requeue;
+            }
+            return Outcome::Done;
+        }
+    }
+    ctx.set_phase(None);
+    guard
+        .end(End::Complete, last.as_deref(), None, "cycle complete")
+        .await;
+    Outcome::Done
+}
+
+/// Run one phase on its own task (a panic is contained), abandoning it if it ignores its stop.
+async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
+    let backstop_ctx = ctx.clone();
+    // Its lines keep the job's context (the scope) and the phase's (the span).
+    let mut task = tokio::spawn(crate::logging::scope::carry(phase.run(ctx)).in_current_span());
+    tokio::select! {
+        r = &mut task => match r {
+            Ok(end) => end,
+            Err(e) if e.is_panic() => PhaseEnd::Failed(Failure::new(error_class::PANIC, "phase panicked")),
+            Err(_) => PhaseEnd::Stopped(StopCause::Shutdown),
+        },
+        cause = stop_signal(&backstop_ctx) => {
+            // Command phases kill their group and return at once; a Rust phase that ignores its
+            // stop is dropped. Never wait past the lease for either (margin is >= 50 ms).
+            let lease_left = backstop_ctx.lease_deadline.saturating_duration_since(Instant::now());
+            let grace = if matches!(cause, StopCause::LeaseDeadline | StopCause::Liveness) {
+                Duration::from_millis(25)
+            } else {
+                (child::KILL_GRACE + Duration::from_millis(100)).min(lease_left)
+            };
+            match tokio::time::timeout(grace, &mut task).await {
+                Ok(Ok(end)) => end,
+                _ => {
+                    // Let the abort's drop (which SIGKILLs the command's group) happen before
+                    // the caller releases the lock.
+                    task.abort();
+                    let _ = tokio::time::timeout(Duration::from_millis(50), &mut task).await;
+                    PhaseEnd::Stopped(cause)
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Failure handling as Sidekiq's `job_retry.rb` does it: rebuild the job from the popped string,
+//! add the error fields, then schedule a retry (`retry` zset), kill it (`dead` zset, trimmed to
+//! 10,000 entries / 180 days) or drop it. Writes are added to a caller's atomic pipeline so the
+//! outcome and the ack land together.
+
+use crate::job::error_class;
+use crate::job::payload::{dump, float_value, now_f64, now_value, uses_millis, Job};
+use base64::Engine;
+use serde_json::{Map, Value};
+use std::io::Write;
+
+/// Sidekiq's default maximum when `retry` is `true`.
+pub const DEFAULT_MAX_RETRIES: i64 = 25;
+/// `dead_max_jobs` and `dead_timeout_in_seconds` defaults (api.rb DeadSet).
+pub const DEAD_MAX_JOBS: isize = 10_000;
+pub const DEAD_TIMEOUT_SECS: f64 = 180.0 * 24.0 * 60.0 * 60.0;
+/// error_message is cut to this many characters (job_retry.rb).
+const MAX_MESSAGE_CHARS: usize = 10_000;
+
+/// Failures no retry can fix (the payload itself is the problem): such a job goes to `dead` at
+/// once, or is dropped under `retry: false` / `dead: false` as Sidekiq drops.
+const NEVER_RETRIED: [&str; 2] = [error_class::BAD_LOCK_KEY, error_class::BAD_ARGUMENTS];
+
+/// What went wrong, in the shape Sidekiq records it.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub class: String,
+    pub message: String,
+    /// Lines offered as a backtrace; stored only when the payload asks (`backtrace`).
+    pub backtrace: Vec<String>,
+}
+
+impl Failure {
+    pub fn new(class: impl Into<String>, message: impl Into<String>) -> Failure {
+        Failure {
+            class: class.into(),
+            message: message.into(),
+            backtrace: Vec::new(),
+        }
+    }
+}
+
+/// Sidekiq's failure fields, written as job_retry.rb writes them, for every failure playguard
+/// records (a run that failed, a payload that is not a job, a poison pill): `error_message`
+/// (cut to 10,000 characters), `error_class`, then `retried_at` when the job has a
+/// `retry_count` (a later failure) or `failed_at` and `retry_count: 0` (its first). Returns
+/// the count it had before, None for a first failure.
+pub fn stamp_failure(msg: &mut Map<String, Value>, class: &str, message: &str) -> Option<i64> {
+    let millis = uses_millis(msg);
+    let message: String = message.chars().take(MAX_MESSAGE_CHARS).collect();
+    msg.insert("error_message".into(), Value::from(message));
+    msg.insert("error_class".into(), Value::from(class));
+    // Ruby: `if msg["retry_count"]` -- a later failure; otherwise the first one.
+    match msg.get("retry_count").and_then(Value::as_i64) {
+        Some(prev) => {
+            msg.insert("retried_at".into(), now_value(millis));
+            Some(prev)
+        }
+        None => {
+            msg.insert("failed_at".into(), now_value(millis));
+            msg.insert("retry_count".into(), Value::from(0));
+            None
+        }
+    }
+}
+
+/// A dead-set entry for a job that cannot run (or be run again): a JSON object gets the
+/// failure fields (`stamp_failure`; kept keys, order and numbers otherwise); anything else is
+/// kept byte for byte.
+pub fn dead_entry(raw: &[u8], class: &str, message: &str) -> Vec<u8> {
+    match serde_json::from_slice::<Value>(raw) {
+        Ok(Value::Object(mut msg)) => {
+            stamp_failure(&mut msg, class, message);
+            dump(&msg).into_bytes()
+        }
+        _ => raw.to_vec(),
+    }
+}
+
+/// What to do with a failed job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// ZADD retry <at> <payload>
+    Retry { payload: String, at: f64 },
+    /// ZADD dead <now> <payload>, then trim.
+    Dead { payload: String },
+    /// `retry: false`, or exhausted with `dead: false`: nothing is kept.
+    Discard,
+}
+
+/// A failure of a class nobody registered. job_retry.rb `global` retries it only when the
+/// payload itself says `retry` (there is no class to ask for a default); otherwise it is
+/// dropped after the death handlers, as Ruby does.
+pub fn decide_unknown_class(job: &Job, failure: &Failure) -> Decision {
+    match job.msg().get("retry") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => Decision::Discard,
+        _ => decide(job, failure),
+    }
+}
+
+/// The retry limit a payload asks for; None = `retry: false` (no retry, no dead).
+pub fn max_retries(msg: &Map<String, Value>) -> Option<i64> {
+    match msg.get("retry") {
+        Some(Value::Bool(false)) => None,
+        Some(Value::Number(n)) if n.is_i64() => Some(n.as_i64().unwrap_or(0)),
+        // true, missing or anything else counts as true (job_retry.rb).
+        _ => Some(DEFAULT_MAX_RETRIES),
+    }
+}
+
+/// Sidekiq's backoff: count**4 + 15 + rand(10) * (count + 1) seconds.
+pub fn delay_secs(count: i64) -> f64 {
+    let jitter: i64 = rand::random_range(0..10);
+    (count.pow(4) + 15 + jitter * (count + 1)) as f64
+}
+
+/// Apply Sidekiq's failure bookkeeping to the job and decide its fate.
+pub fn decide(job: &Job, failure: &Failure) -> Decision {
+    let Some(max) = max_retries(job.msg()) else {
+        return Decision::Discard;
+    };
+    let max = if NEVER_RETRIED.contains(&failure.class.as_str()) {
+        0
+    } else {
+        max
+    };
+    // Start from the original popped payload, never from a modified copy.
+    let mut msg = job.msg().clone();
+    // job_retry.rb `local`: a payload without `retry` gets the class default (true) written in.
+    if matches!(msg.get("retry"), None | Some(Value::Null)) {
+        msg.insert("retry".into(), Value::Bool(true));
+    }
+    let queue = match msg.get("retry_queue").and_then(Value::as_str) {
+        Some(q) => q.to_string(),
+        None => job.queue.to_string(),
+    };
+    msg.insert("queue".into(), Value::from(queue));
+    let count = match stamp_failure(&mut msg, &failure.class, &failure.message) {
+        Some(prev) => prev + 1,
+        None => 0,
+    };
+    msg.insert("retry_count".into(), Value::from(count));
+    if let Some(lines) = backtrace_lines(&msg, &failure.backtrace) {
+        msg.insert(
+            "error_backtrace".into(),
+            Value::from(compress_backtrace(&lines)),
+        );
+    }
+    if count < max {
+        Decision::Retry {
+            at: now_f64() + delay_secs(count),
+            payload: dump(&msg),
+        }
+    } else if msg.get("dead") == Some(&Value::Bool(false)) {
+        Decision::Discard
+    } else {
+        Decision::Dead {
+            payload: dump(&msg),
+        }
+    }
+}
+
+/// `backtrace: true` keeps all lines, `backtrace: N` the first N; otherwise none.
+fn backtrace_lines(msg: &Map<String, Value>, lines: &[String]) -> Option<Vec<String>> {
+    match msg.get("backtrace") {
+        Some(Value::Bool(true)) => Some(lines.to_vec()),
+        Some(Value::Number(n)) => {
+            let n = n.as_u64().unwrap_or(0) as usize;
+            (n > 0).then(|| lines.iter().take(n).cloned().collect())
+        }
+        _ => None,
+    }
+}
+
+/// JSON array -> zlib (RFC 1950) -> strict base64, the one form every Sidekiq reader accepts.
+pub fn compress_backtrace(lines: &[String]) -> String {
+    let json = serde_json::to_vec(lines).expect("strings serialize");
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+    z.write_all(&json).expect("in-memory write");
+    base64::engine::general_purpose::STANDARD.encode(z.finish().expect("in-memory finish"))
+}
+
+/// Add the writes for a decision to an atomic pipeline.
+pub fn add_to_pipeline(pipe: &mut redis::Pipeline, decision: &Decision) {
+    match decision {
+        Decision::Retry { payload, at } => {
+            pipe.zadd("retry", payload, float_value(*at).to_string())
+                .ignore();
+        }
+        Decision::Dead { payload } => add_dead(pipe, payload.as_bytes()),
+        Decision::Discard => {}
+    }
+}
+
+/// ZADD dead now payload, then trim by age and size, as api.rb's DeadSet#kill. The one way a
+/// job enters `dead`; `lua/schedule_push.lua` buries inside its script with the same bounds
+/// (`dead_trim_bounds`).
+pub fn add_dead(pipe: &mut redis::Pipeline, payload: &[u8]) {
+    let now = now_f64();
+    let (oldest, rank) = dead_trim_bounds(now);
+    pipe.zadd("dead", payload, float_value(now).to_string())
+        .ignore()
+        .cmd("ZREMRANGEBYSCORE")
+        .arg("dead")
+        .arg("-inf")
+        .arg(oldest)
+        .ignore()
+        .cmd("ZREMRANGEBYRANK")
+        .arg("dead")
+        .arg(0)
+        .arg(rank)
+        .ignore();
+}
+
+/// What a dead-set trim at `now` removes: scores up to the first value, ranks 0 up to the
+/// second. api.rb: `zremrangebyrank(name, 0, -max_jobs)`, which keeps max_jobs - 1.
+pub fn dead_trim_bounds(now: f64) -> (String, isize) {
+    (
+        float_value(now - DEAD_TIMEOUT_SECS).to_string(),
+        -DEAD_MAX_JOBS,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(raw: &str) -> Job {
+        Job::parse("low", raw.to_string()).unwrap()
+    }
+
+    fn parsed(d: &Decision) -> Map<String, Value> {
+        match d {
+            Decision::Retry { payload, .. } | Decision::Dead { payload } => {
+                serde_json::from_str(payload).unwrap()
+            }
+            Decision::Discard => panic!("discarded"),
+        }
+    }
+
+    #[test]
+    fn first_failure_sets_failed_at_and_count_zero() {
+        let j = job(
+            r#"{"class":"X","args":[],"jid":"a","retry":true,"custom":{"k":1},"created_at":1.5}"#,
+        );
+        let d = decide(&j, &Failure::new("RuntimeError", "boom"));
+        let m = parsed(&d);
+        assert_eq!(m["retry_count"], 0);
+        assert!(m.contains_key("failed_at") && !m.contains_key("retried_at"));
+        assert_eq!(m["queue"], "low");
+        assert_eq!(m["custom"]["k"], 1);
+        assert!(matches!(d, Decision::Retry { .. }));
+    }
+
+    #[test]
+    fn later_failure_sets_retried_at() {
+        let j =
+            job(r#"{"class":"X","retry":2,"retry_count":0,"failed_at":1.0,"retry_queue":"slow"}"#);
+        let m = parsed(&decide(&j, &Failure::new("E", "m")));
+        assert_eq!(m["retry_count"], 1);
+        assert_eq!(m["failed_at"].to_string(), "1.0");
+        assert_eq!(m["queue"], "slow");
+        assert!(m.contains_key("retried_at"));
+    }
+
+    #[test]
+    fn exhaustion_and_flags() {
+        assert!(matches!(
+            decide(&job(r#"{"retry":0}"#), &Failure::new("E", "m")),
+            Decision::Dead { .. }
+        ));
+        assert_eq!(
+            decide(&job(r#"{"retry":false}"#), &Failure::new("E", "m")),
+            Decision::Discard
+        );
+        assert_eq!(
+            decide(&job(r#"{"retry":0,"dead":false}"#), &Failure::new("E", "m")),
+            Decision::Discard
+        );
+        let d = decide(
+            &job(r#"{"retry":1,"retry_count":0}"#),
+            &Failure::new("E", "m"),
+        );
+        assert!(matches!(d, Decision::Dead { .. }));
+    }
+
+    #[test]
+    fn missing_retry_key_follows_ruby() {
+        let f = Failure::new("NameError", "uninitialized constant X");
+        // Known class: retried, and the entry says retry: true.
+        let m = parsed(&decide(&job(r#"{"class":"X","args":[]}"#), &f));
+        assert_eq!(m["retry"], true);
+        // Unknown class without `retry`: dropped, as job_retry.rb's global handler does.
+        assert_eq!(
+            decide_unknown_class(&job(r#"{"class":"X"}"#), &f),
+            Decision::Discard
+        );
+        assert!(matches!(
+            decide_unknown_class(&job(r#"{"class":"X","retry":true}"#), &f),
+            Decision::Retry { .. }
+        ));
+    }
+
+    #[test]
+    fn millis_jobs_get_millis_timestamps() {
+        let m = parsed(&decide(
+            &job(r#"{"created_at":1796095478843}"#),
+            &Failure::new("E", "m"),
+        ));
+        assert!(m["failed_at"].is_i64());
+    }
+
+    #[test]
+    fn backtrace_is_zlib_strict_base64() {
+        let j = job(r#"{"backtrace":1}"#);
+        let mut f = Failure::new("E", "m");
+        f.backtrace = vec!["a".into(), "b".into()];
+        let m = parsed(&decide(&j, &f));
+        let b64 = m["error_backtrace"].as_str().unwrap();
+        assert!(!b64.contains('\n'));
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        assert_eq!(&bytes[..2], &[0x78, 0x9c]);
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::ZlibDecoder::new(&bytes[..]), &mut out)
+            .unwrap();
+        assert_eq!(out, r#"["a"]"#);
+    }
+
+    #[test]
+    fn backoff_formula() {
+        for c in 0..5 {
+            let d = delay_secs(c);
+            let base = (c.pow(4) + 15) as f64;
+            assert!(d >= base && d <= base + 9.0 * (c + 1) as f64);
+        }
+    }
+}

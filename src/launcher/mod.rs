@@ -1,0 +1,472 @@
+//! Starts and stops one worker process. Shutdown flows one way: signal -> fetch stops ->
+//! running jobs see it (plain jobs until the deadline, phased jobs at their next boundary) ->
+//! locks released and jobs requeued by their own processors -> leftovers drained from our
+//! working lists -> heartbeat cleared (`processes`, `<identity>:work`) -> exit 0.
+
+use crate::job::handler::Registry;
+use crate::loops::{heartbeat, periodic, scheduled, sweeper};
+use crate::manager;
+use crate::manifest::jobs as manifest_jobs;
+use crate::process::shutdown::Shutdown;
+use crate::process::slots::SlotTable;
+use crate::worker::config::Config;
+use crate::worker::Worker;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tracing::Instrument;
+
+/// Extra time after the deadline for killed phases to exit and jobs to be pushed back.
+const AFTER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Why a worker did not start. The CLI turns each into one stderr line and `exit_code`
+/// (README: a configuration error exits 2, an unreachable Redis 1).
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A bad flag, URL or manifest, no job class, a missing database URL.
+    #[error("{0}")]
+    Config(String),
+    /// Redis did not answer, or dropped the connection while we asked it something.
+    #[error("cannot reach Redis at {url}: {err}")]
+    RedisUnreachable { url: String, err: redis::RedisError },
+    /// Redis answers but is older than `redis_conn::MIN_SERVER`: retrying will not help.
+    #[error("Redis {version} at {url} is too old: playguard needs {}.{} or newer",
+        crate::connections::redis_conn::MIN_SERVER.0, crate::connections::redis_conn::MIN_SERVER.1)]
+    RedisTooOld { url: String, version: String },
+    #[error("cannot reach PostgreSQL at {url}: {err}")]
+    Database { url: String, err: String },
+}
+
+impl StartError {
+    /// What `check_server` found wrong with the Redis at `url` (shown redacted).
+    pub fn from_server(url: &str, e: crate::connections::redis_conn::ServerError) -> StartError {
+        use crate::connections::redis_conn::ServerError;
+        match e {
+            ServerError::Unreachable(err) => StartError::RedisUnreachable {
+                url: url.to_string(),
+                err,
+            },
+            ServerError::TooOld { version } => StartError::RedisTooOld {
+                url: url.to_string(),
+                version,
+            },
+        }
+    }
+
+    /// The process exit code: 2 for what only a change of configuration (or of server)
+    /// fixes, 1 for a server that may answer later.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            StartError::Config(_) | StartError::RedisTooOld { .. } => 2,
+            StartError::RedisUnreachable { .. } | StartError::Database { .. } => 1,
+        }
+    }
+}
+
+/// Whether `run_with` listens for OS signals itself (the binary) or leaves them to the
+/// embedder, who stops the worker through its `Shutdown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signals {
+    Handle,
+    Ignore,
+}
+
+/// What an OS signal or a remote signal (Sidekiq's `<identity>-signals` list) asks for,
+/// parsed once where it arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signal {
+    /// TERM or INT (the name, for the log line): stop; a second one moves the deadline to now.
+    Stop(&'static str),
+    /// TSTP: stop fetching, keep running jobs.
+    Quiet,
+    /// TTIN: log what every busy slot is doing.
+    DumpSlots,
+}
+
+impl Signal {
+    /// The signal named `name` ("TERM", "TSTP", ...), or None for one we do not act on.
+    fn parse(name: &str) -> Option<Signal> {
+        match name {
+            "TERM" => Some(Signal::Stop("TERM")),
+            "INT" => Some(Signal::Stop("INT")),
+            "TSTP" => Some(Signal::Quiet),
+            "TTIN" => Some(Signal::DumpSlots),
+            _ => None,
+        }
+    }
+}
+
+/// Log what every busy slot is doing (TTIN).
+fn dump_slots(worker: &Worker) {
+    let snap = worker.slots.snapshot();
+    tracing::info!(
+        busy = snap.len(),
+        concurrency = worker.config.concurrency,
+        "TTIN: slot dump"
+    );
+    for (tid, e) in snap {
+        tracing::info!(tid = %tid, jid = %e.jid, class = %e.class, queue = %e.queue,
+            phase = e.phase.as_deref().unwrap_or("-"),
+            runtime_ms = e.started.elapsed().as_millis() as u64, "busy");
+    }
+}
+
+fn apply_signal(worker: &Worker, sig: Signal, remote: bool) {
+    let from = if remote { "remote " } else { "" };
+    match sig {
+        Signal::Stop(name) => {
+            let again = worker.shutdown.is_stopping();
+            worker.shutdown.stop(worker.config.timeout);
+            if again {
+                tracing::warn!("{from}{name} again: shutdown deadline moved to now");
+            } else {
+                tracing::info!(
+                    timeout_secs = worker.config.timeout.as_secs_f64(),
+                    "{from}{name}: shutting down; running jobs get until the deadline"
+                );
+            }
+        }
+        Signal::Quiet => {
+            worker.shutdown.quiet();
+            tracing::info!("{from}TSTP: quiet, no new jobs will be fetched");
+        }
+        Signal::DumpSlots => dump_slots(worker),
+    }
+}
+
+/// A remote signal (a string from `<identity>-signals`): act on it, or log that it is ignored.
+fn apply_remote(worker: &Worker, name: &str) {
+    match Signal::parse(name) {
+        Some(sig) => apply_signal(worker, sig, true),
+        None => tracing::info!("remote {name}: ignored"),
+    }
+}
+
+async fn listen_for_signals(worker: Arc<Worker>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    // USR1 and USR2 are listened for only so that they are logged, not fatal (their default).
+    let kinds = [
+        ("TERM", SignalKind::terminate()),
+        ("INT", SignalKind::interrupt()),
+        ("TSTP", SignalKind::from_raw(nix::libc::SIGTSTP)),
+        ("TTIN", SignalKind::from_raw(nix::libc::SIGTTIN)),
+        ("USR1", SignalKind::user_defined1()),
+        ("USR2", SignalKind::user_defined2()),
+    ];
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, Option<Signal>)>();
+    for (name, kind) in kinds {
+        let sig = Signal::parse(name);
+        match signal(kind) {
+            Ok(mut s) => {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while s.recv().await.is_some() {
+                        if tx.send((name, sig)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            Err(e) => tracing::warn!("cannot listen for SIG{name}: {e}"),
+        }
+    }
+    while let Some((name, sig)) = rx.recv().await {
+        match sig {
+            Some(sig) => apply_signal(&worker, sig, false),
+            None => tracing::info!("{name}: ignored"),
+        }
+    }
+}
+
+/// One beat, and what it means for the liveness lease: a landed beat extends it; the first
+/// one after a lapse treats our past as dead (see `regained`).
+async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
+    let sent_at = tokio::time::Instant::now();
+    let r = heartbeat::beat(worker, info).await;
+    if r.is_ok() && worker.fetch.recovers_orphans() {
+        // Still lapsed (nothing is fetched): release first, so no lock taken after the
+        // refresh can be among those released.
+        if !worker.liveness.is_live() {
+            regained(worker).await;
+        }
+        worker.liveness.refreshed(sent_at);
+        worker.fetch.retry_deferred_requeues().await;
+    }
+    r
+}
+
+/// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
+/// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
+/// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
+async fn regained(worker: &Worker) {
+    tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
+    if let Err(e) = sweeper::release_locks_of(worker, &worker.identity, true).await {
+        tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
+    }
+}
+
+async fn heartbeat_loop(worker: Arc<Worker>, info: String) {
+    loop {
+        match beat_once(&worker, &info).await {
+            Ok(Some(sig)) => apply_remote(&worker, &sig),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
+        }
+        tokio::time::sleep(worker.config.beat_interval).await;
+    }
+}
+
+/// How long a starting process waits for a Redis that answers `LOADING`.
+const LOADING_WAIT: Duration = Duration::from_secs(300);
+
+/// Connect and PING. A Redis that answers `LOADING` (restarted, reading its dataset back) is
+/// there and about to serve: wait for it rather than exit as if it were unreachable, since
+/// under foreman one process that exits stops the whole Procfile.
+async fn reach_redis(
+    client: &crate::connections::redis_conn::Client,
+    url: &str,
+) -> redis::RedisResult<crate::connections::redis_conn::Conn> {
+    let started = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        let attempt = async {
+            let mut conn = crate::connections::redis_conn::shared(client).await?;
+            redis::cmd("PING").query_async::<()>(&mut conn).await?;
+            Ok::<_, redis::RedisError>(conn)
+        }
+        .await;
+        match attempt {
+            Err(e) if e.code() == Some("LOADING") && started.elapsed() < LOADING_WAIT => {
+                if !told {
+                    tracing::warn!(redis = %url, "Redis is loading its dataset; waiting for it");
+                    told = true;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Parse the database URL, reach the server and create the tables when missing.
+async fn open_database(
+    config: &Config,
+    identity: &str,
+) -> Result<Option<crate::connections::db::Db>, StartError> {
+    let Some(url) = config.database_url.as_deref() else {
+        return Ok(None);
+    };
+    let db = crate::connections::db::Db::new(url, identity)
+        .map_err(|e| StartError::Config(e.to_string()))?;
+    let unreachable = |e: crate::connections::db::DbError| StartError::Database {
+        url: db.shown_url().to_string(),
+        err: e.to_string(),
+    };
+    db.ensure_schema().await.map_err(unreachable)?;
+    let version = db.server_version().await.map_err(unreachable)?;
+    tracing::info!(database = %db.shown_url(), postgres = %version,
+        "PostgreSQL answers; playguard_fences and playguard_cycles are in place");
+    Ok(Some(db))
+}
+
+/// Run a worker until a signal tells it to stop. `registry` holds Rust handlers; manifest
+/// entries from `config.jobs_dir` are added to it.
+pub async fn run(config: Config, registry: Registry) -> Result<(), StartError> {
+    run_with(config, registry, Shutdown::new(), Signals::Handle).await
+}
+
+/// Run a worker that stops when `shutdown` says so (for embedding and tests); with
+/// `Signals::Handle` it also listens for TERM/INT/TSTP/TTIN.
+pub async fn run_with(
+    config: Config,
+    mut registry: Registry,
+    shutdown: Shutdown,
+    signals: Signals,
+) -> Result<(), StartError> {
+    let manifest =
+        manifest_jobs::load_manifest(&config.jobs_dir, &registry).map_err(StartError::Config)?;
+    manifest_jobs::register_manifest(&mut registry, &manifest);
+    manifest_jobs::check_database_needs(config.database_url.as_deref(), &registry)
+        .map_err(StartError::Config)?;
+    let url = crate::connections::redact::url(&config.redis_url);
+    // A URL that does not parse is a configuration error, not an unreachable server.
+    let client = crate::connections::redis_conn::client(&config.redis_url)
+        .map_err(|e| StartError::Config(format!("bad Redis URL {url:?}: {e}")))?;
+    let mut conn =
+        reach_redis(&client, &url)
+            .await
+            .map_err(|err| StartError::RedisUnreachable {
+                url: url.clone(),
+                err,
+            })?;
+    let version = crate::connections::redis_conn::check_server(&mut conn)
+        .await
+        .map_err(|e| StartError::from_server(&url, e))?;
+    // Behind sentinels, the start line names the primary they led us to.
+    let version = match conn.primary() {
+        Some(p) => format!("{version} at primary {p}"),
+        None => version,
+    };
+
+    let identity = crate::process::identity::new_identity();
+    let db = open_database(&config, &identity).await?;
+
+    let fetch = crate::fetch::FetchStrategy::new(
+        config.reliable_fetch,
+        &identity,
+        conn.clone(),
+        shutdown.clone(),
+    );
+    // Only a fetch with orphan recovery needs a lease to stop before.
+    let liveness = if fetch.recovers_orphans() {
+        crate::process::liveness::Liveness::new()
+    } else {
+        crate::process::liveness::Liveness::disabled()
+    };
+    let metrics = Arc::new(crate::metrics::prometheus::Metrics::default());
+    metrics.know_classes(registry.classes());
+    let locks_record = Worker::locks_record_for(&identity, &fetch);
+    let worker = Arc::new(Worker {
+        locks_record,
+        client,
+        conn,
+        db,
+        identity,
+        registry,
+        slots: SlotTable::new(),
+        shutdown,
+        metrics,
+        job_metrics: crate::metrics::sidekiq_tab::JobMetrics::new(config.sidekiq_metrics),
+        fetch,
+        liveness,
+        config,
+    });
+    worker.metrics.attach_slots(&worker.slots);
+    worker.metrics.concurrency.store(
+        worker.config.concurrency as i64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    if let Some(addr) = worker.config.metrics_addr {
+        crate::metrics::server::serve(
+            addr,
+            worker.metrics.clone(),
+            worker.config.beat_interval.as_millis() as i64,
+        )
+        .await
+        .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
+    }
+    tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
+        queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
+        classes = %worker.registry.classes().join(","), "playguard starting");
+
+    let root = crate::logging::root().clone();
+    let worker2 = worker.clone();
+    let signal_task = tokio::spawn(
+        async move {
+            if signals == Signals::Handle {
+                listen_for_signals(worker2).await
+            }
+        }
+        .instrument(root.clone()),
+    );
+    let info = heartbeat::info_json(&worker, crate::job::payload::now_f64());
+    // Beat before fetching: with reliable fetch our working lists must be registered (and
+    // claimed by a live process) before they hold anything, or a crash could orphan them
+    // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
+    while let Err(e) = beat_once(&worker, &info).await {
+        tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = worker.shutdown.quieted() => break,
+        }
+    }
+    let beat_task = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
+    let mut side = tokio::task::JoinSet::new();
+    if worker.fetch.recovers_orphans() {
+        side.spawn(sweeper::run(worker.clone()).instrument(root.clone()));
+    }
+    side.spawn(scheduled::run(worker.clone()).instrument(root.clone()));
+    for p in manifest.periodic.clone() {
+        side.spawn(periodic::run(worker.clone(), p).instrument(root.clone()));
+    }
+
+    let slots = Arc::new(Semaphore::new(worker.config.concurrency));
+    let credits_total = manager::credits(&worker);
+    let credits = Arc::new(Semaphore::new(credits_total));
+    manager::run(worker.clone(), slots, credits.clone()).await;
+    tracing::info!("fetching stopped");
+    worker.shutdown.stopped().await;
+    let deadline = worker
+        .shutdown
+        .state()
+        .deadline
+        .expect("stopping sets a deadline");
+    // Every fetched job has ended or been handed back once all credits are home.
+    let all = credits.acquire_many(credits_total as u32);
+    // The deadline may move (second TERM); processors follow it themselves, this is a backstop.
+    if tokio::time::timeout_at(deadline + AFTER_DEADLINE, all)
+        .await
+        .is_err()
+    {
+        tracing::error!("some jobs did not finish after the deadline; exiting anyway");
+    }
+    while side.join_next().await.is_some() {}
+    worker.fetch.finish_acks().await;
+    match worker.fetch.drain(&worker.config.queues.names()).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(jobs = n, "pushed leftover jobs back to their queues"),
+        Err(e) => {
+            tracing::error!(error = %e, "could not drain our working lists; the orphan sweep will")
+        }
+    }
+    beat_task.abort();
+    signal_task.abort();
+    if let Err(e) = heartbeat::clear(&worker).await {
+        tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");
+    }
+    tracing::info!("bye");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Signal, StartError};
+    use crate::connections::redis_conn::ServerError;
+
+    #[test]
+    fn signals_are_parsed_once_by_name() {
+        assert_eq!(Signal::parse("TERM"), Some(Signal::Stop("TERM")));
+        assert_eq!(Signal::parse("INT"), Some(Signal::Stop("INT")));
+        assert_eq!(Signal::parse("TSTP"), Some(Signal::Quiet));
+        assert_eq!(Signal::parse("TTIN"), Some(Signal::DumpSlots));
+        for ignored in ["USR1", "USR2", "term", "KILL", ""] {
+            assert_eq!(Signal::parse(ignored), None, "{ignored:?}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_readme() {
+        let url = "redis://127.0.0.1:6379/0";
+        let dropped = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        let unreachable = StartError::from_server(url, ServerError::Unreachable(dropped));
+        assert!(matches!(unreachable, StartError::RedisUnreachable { .. }));
+        assert_eq!(unreachable.exit_code(), 1);
+        let old = StartError::from_server(
+            url,
+            ServerError::TooOld {
+                version: "5.0.0".into(),
+            },
+        );
+        assert_eq!(old.exit_code(), 2);
+        assert_eq!(
+            old.to_string(),
+            format!("Redis 5.0.0 at {url} is too old: playguard needs 6.2 or newer")
+        );
+        assert_eq!(StartError::Config("x".into()).exit_code(), 2);
+        let db = StartError::Database {
+            url: "postgres://db".into(),
+            err: "refused".into(),
+        };
+        assert_eq!(db.exit_code(), 1);
+    }
+}

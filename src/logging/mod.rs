@@ -1,0 +1,400 @@
+//! Log setup: one line per event on stdout, UTC timestamps, the pid on every line;
+//! `--log-format json` for log shippers, with every field (the span fields pid, jid, class,
+//! queue, phase included) at the top level of one flat object. RUST_LOG filters as usual
+//! (default `info`). Touches no Redis keys.
+
+pub mod job_lines;
+pub mod scope;
+#[cfg(test)]
+pub mod test_lines;
+pub mod timestamp;
+pub mod writer;
+
+use serde_json::{Map, Value};
+use std::fmt;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::{LookupSpan, SpanRef};
+use tracing_subscriber::EnvFilter;
+
+/// How each log line is written.
+enum LineFormat {
+    /// One flat JSON object per event: timestamp, level, the fields of every enclosing span
+    /// (outermost first), then the event's own fields, `message` included.
+    FlatJson,
+    /// Plain text, the same layout as tracing-subscriber's default (`Full`, no ANSI, no
+    /// target): `2026-01-02T03:04:05.678901Z  INFO playguard{pid=7}:job{jid=… class=…
+    /// queue=…}: done elapsed_ms=0.1`, at a fraction of its cost per line: the date and time
+    /// up to the second are formatted once per second per thread, and no styling wrappers are
+    /// formatted at all. Two lines per job are the price of Sidekiq's start/done lines, so
+    /// every line counts.
+    FastText,
+}
+
+struct JsonVisitor<'a>(&'a mut Map<String, Value>);
+
+impl Visit for JsonVisitor<'_> {
+    fn record_f64(&mut self, f: &Field, v: f64) {
+        self.0.insert(
+            f.name().into(),
+            serde_json::Number::from_f64(v)
+                .map(Value::Number)
+                .unwrap_or(Value::Null),
+        );
+    }
+    fn record_i64(&mut self, f: &Field, v: i64) {
+        self.0.insert(f.name().into(), Value::from(v));
+    }
+    fn record_u64(&mut self, f: &Field, v: u64) {
+        self.0.insert(f.name().into(), Value::from(v));
+    }
+    fn record_bool(&mut self, f: &Field, v: bool) {
+        self.0.insert(f.name().into(), Value::from(v));
+    }
+    fn record_str(&mut self, f: &Field, v: &str) {
+        self.0.insert(f.name().into(), Value::from(v));
+    }
+    fn record_debug(&mut self, f: &Field, v: &dyn fmt::Debug) {
+        self.0
+            .insert(f.name().into(), Value::from(format!("{v:?}")));
+    }
+}
+
+/// Both line formats through one `FormatEvent`: the span fields are read the same way, only
+/// the writing differs.
+impl<S, N> FormatEvent<S, N> for LineFormat
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        match self {
+            LineFormat::FlatJson => {
+                let mut map = Map::new();
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+                map.insert("timestamp".into(), Value::from(now));
+                map.insert(
+                    "level".into(),
+                    Value::from(event.metadata().level().as_str()),
+                );
+                let mut spans = spans_from_root(ctx);
+                let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
+                // With JsonFields, a span's recorded fields are kept as a JSON object string.
+                let add = |map: &mut Map<String, Value>, span: &SpanRef<'_, S>| {
+                    if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
+                        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&f.fields)
+                        {
+                            map.extend(fields);
+                        }
+                    }
+                };
+                if let Some(root) = &root {
+                    add(&mut map, root);
+                }
+                crate::logging::scope::with_current(|t| {
+                    if let Some(t) = t {
+                        for (k, v) in [("jid", &t.jid), ("class", &t.class), ("queue", &t.queue)] {
+                            map.insert(k.into(), Value::from(&**v));
+                        }
+                    }
+                });
+                for span in spans {
+                    add(&mut map, &span);
+                }
+                event.record(&mut JsonVisitor(&mut map));
+                writeln!(w, "{}", Value::Object(map))
+            }
+            LineFormat::FastText => {
+                timestamp::write_timestamp(&mut w)?;
+                w.write_str(match *event.metadata().level() {
+                    tracing::Level::ERROR => " ERROR ",
+                    tracing::Level::WARN => "  WARN ",
+                    tracing::Level::INFO => "  INFO ",
+                    tracing::Level::DEBUG => " DEBUG ",
+                    tracing::Level::TRACE => " TRACE ",
+                })?;
+                let mut spans = spans_from_root(ctx);
+                let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
+                let write = |w: &mut Writer<'_>, span: &SpanRef<'_, S>| -> fmt::Result {
+                    w.write_str(span.metadata().name())?;
+                    if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
+                        if !f.fields.is_empty() {
+                            w.write_char('{')?;
+                            w.write_str(&f.fields)?;
+                            w.write_char('}')?;
+                        }
+                    }
+                    w.write_char(':')
+                };
+                let mut seen = root.is_some();
+                if let Some(root) = &root {
+                    write(&mut w, root)?;
+                }
+                crate::logging::scope::with_current(|t| -> fmt::Result {
+                    if let Some(t) = t {
+                        seen = true;
+                        for part in [
+                            "job{jid=", &t.jid, " class=", &t.class, " queue=", &t.queue, "}:",
+                        ] {
+                            w.write_str(part)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                for span in spans {
+                    write(&mut w, &span)?;
+                    seen = true;
+                }
+                if seen {
+                    w.write_char(' ')?;
+                }
+                ctx.format_fields(w.by_ref(), event)?;
+                w.write_char('\n')
+            }
+        }
+    }
+}
+
+/// The event's spans, outermost first. Both formats write the job's context (job_scope.rs)
+/// where a `job` span under the root would be: after the root span, before any inner one.
+fn spans_from_root<'a, S, N>(
+    ctx: &'a FmtContext<'_, S, N>,
+) -> std::iter::Peekable<impl Iterator<Item = SpanRef<'a, S>>>
+where
+    S: Subscriber + for<'l> LookupSpan<'l>,
+    N: for<'w> FormatFields<'w> + 'static,
+{
+    ctx.event_scope()
+        .into_iter()
+        .flat_map(|scope| scope.from_root())
+        .peekable()
+}
+
+/// Text fields as tracing-subscriber's default visitor writes them (`message` bare, the others
+/// `name=value` with the value's Debug, separated by spaces, an error with its sources), minus
+/// the styling wrappers it formats even with ANSI off. Span fields are formatted with it once,
+/// when the span opens.
+struct FastFields;
+
+impl<'w> FormatFields<'w> for FastFields {
+    fn format_fields<R: tracing_subscriber::field::RecordFields>(
+        &self,
+        w: Writer<'w>,
+        fields: R,
+    ) -> fmt::Result {
+        let mut v = TextVisitor {
+            w,
+            first: true,
+            result: Ok(()),
+        };
+        fields.record(&mut v);
+        v.result
+    }
+}
+
+struct TextVisitor<'w> {
+    w: Writer<'w>,
+    first: bool,
+    result: fmt::Result,
+}
+
+impl Visit for TextVisitor<'_> {
+    fn record_str(&mut self, f: &Field, v: &str) {
+        self.record_debug(f, &v)
+    }
+
+    fn record_error(&mut self, f: &Field, v: &(dyn std::error::Error + 'static)) {
+        match v.source() {
+            Some(_) => {
+                let mut sources = Vec::new();
+                let mut s = v.source();
+                while let Some(e) = s {
+                    sources.push(e.to_string());
+                    s = e.source();
+                }
+                self.record_debug(
+                    f,
+                    &format_args!("{v} {}.sources=[{}]", f.name(), sources.join(", ")),
+                )
+            }
+            None => self.record_debug(f, &format_args!("{v}")),
+        }
+    }
+
+    fn record_debug(&mut self, f: &Field, v: &dyn fmt::Debug) {
+        if self.result.is_err() {
+            return;
+        }
+        // The fixed parts go in as plain strings: only the value needs the formatter.
+        let w = &mut self.w;
+        let pad = if self.first { "" } else { " " };
+        self.first = false;
+        let name = f.name();
+        self.result = (|| {
+            w.write_str(pad)?;
+            if name != "message" {
+                w.write_str(name.strip_prefix("r#").unwrap_or(name))?;
+                w.write_char('=')?;
+            }
+            write!(w, "{v:?}")
+        })();
+    }
+}
+
+/// Install the subscriber. Keep the returned guard alive until exit: dropping it flushes the
+/// lines still buffered for the writer thread.
+pub fn init(json: bool) -> crate::logging::writer::Guard {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (writer, guard) = crate::logging::writer::start(std::io::stdout());
+    if !json {
+        crate::logging::job_lines::write_to(writer.clone());
+    }
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        // The default timer prints RFC 3339 in UTC.
+        .with_writer(writer);
+    let r = if json {
+        builder
+            .fmt_fields(JsonFields::new())
+            .event_format(LineFormat::FlatJson)
+            .try_init()
+    } else {
+        builder
+            .with_ansi(false)
+            .fmt_fields(FastFields)
+            .event_format(LineFormat::FastText)
+            .try_init()
+    };
+    let _ = r;
+    guard
+}
+
+static ROOT: std::sync::OnceLock<tracing::Span> = std::sync::OnceLock::new();
+/// The root span's name: a job's context is written right after it.
+const ROOT_NAME: &str = "playguard";
+
+/// The root span every line carries, so each shows `pid=`. Spawned tasks are instrumented
+/// with it (a job's context is its `job_scope`), since tokio tasks do not inherit spans.
+/// At ERROR level: a span is kept only where its level passes the filter, and the pid must
+/// be on a quiet worker's warnings too.
+pub fn root() -> &'static tracing::Span {
+    ROOT.get_or_init(|| tracing::error_span!(ROOT_NAME, pid = std::process::id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::logging::test_lines::{same_after_time, Buf};
+
+    /// `scoped`: the job's context as ours is set (job_scope.rs); else as a `job` span, the
+    /// way tracing's own formatter is given it.
+    fn emit(scoped: bool) {
+        let root = tracing::info_span!("playguard", pid = 7);
+        let _r = root.enter();
+        tracing::info!(queues = "default", "playguard starting");
+        let (_scope, _span) = if scoped {
+            (
+                Some(crate::logging::scope::enter("a1b2", "Hard", "q")),
+                None,
+            )
+        } else {
+            let job = tracing::info_span!("job", jid = %"a1b2", class = %"Hard", queue = %"q");
+            (None, Some(job.entered()))
+        };
+        tracing::info!("start");
+        tracing::info!(elapsed_ms = 0.1, "done");
+        tracing::warn!(error = %"boom", jobs = 3usize, ok = true, "acking failed; retrying");
+        let e = std::io::Error::other("disk full");
+        tracing::error!(
+            error = &e as &(dyn std::error::Error + 'static),
+            "could not write"
+        );
+        let phase = tracing::info_span!("phase", phase = "one");
+        let _p = phase.enter();
+        tracing::info!(stream = "stdout", "working \"quoted\"");
+    }
+
+    /// The text lines are tracing-subscriber's default layout, byte for byte after the time,
+    /// the job's context where a job span's fields would be (after the root's, before the
+    /// phase's).
+    #[test]
+    fn fast_text_matches_the_default_format() {
+        let ours = Buf::default();
+        let theirs = Buf::default();
+        let w = ours.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_target(false)
+            .with_ansi(false)
+            .fmt_fields(FastFields)
+            .event_format(LineFormat::FastText)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, || emit(true));
+        let w = theirs.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_target(false)
+            .with_ansi(false)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, || emit(false));
+        let (ours, theirs) = (ours.text(), theirs.text());
+        assert_eq!(ours.lines().count(), 6, "{ours}");
+        assert!(
+            ours.contains(
+                "playguard{pid=7}:job{jid=a1b2 class=Hard queue=q}:phase{phase=\"one\"}: working"
+            ),
+            "{ours}"
+        );
+        for ta in same_after_time(&ours, &theirs) {
+            assert!(chrono::DateTime::parse_from_rfc3339(ta).is_ok(), "{ta}");
+            assert!(ta.ends_with('Z'));
+        }
+    }
+
+    /// In JSON the job's fields sit with the span fields, in the same order as a job span's.
+    #[test]
+    fn json_lines_carry_the_job_fields_in_span_order() {
+        let buf = Buf::default();
+        let w = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .fmt_fields(JsonFields::new())
+            .event_format(LineFormat::FlatJson)
+            .with_writer(move || w.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, || emit(true));
+        let lines: Vec<Map<String, Value>> = buf
+            .text()
+            .lines()
+            .map(|l| match serde_json::from_str(l).unwrap() {
+                Value::Object(m) => m,
+                v => panic!("{v}"),
+            })
+            .collect();
+        assert_eq!(lines.len(), 6);
+        assert!(!lines[0].contains_key("jid"), "{:?}", lines[0]);
+        let keys: Vec<&str> = lines[5].keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "timestamp",
+                "level",
+                "pid",
+                "jid",
+                "class",
+                "queue",
+                "phase",
+                "message",
+                "stream"
+            ]
+        );
+        assert_eq!(lines[5]["jid"], "a1b2");
+    }
+}

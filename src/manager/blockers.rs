@@ -1,0 +1,148 @@
+//! The idle waits: each blocking pop (BLMOVE or BRPOP, see `fetch_strategy`) runs on a connection
+//! of its own, one command at a time, and is never dropped mid-flight: to stop waiting we send
+//! `CLIENT UNBLOCK <id>` from the shared connection, so a pop that already happened is always
+//! delivered and handled. A blocker pops only when armed, so it never takes more work than the
+//! fetch loop asked for. Keys: those of the pops (`queue:<q>`, our working lists).
+
+use crate::fetch::unit_of_work::UnitOfWork;
+use crate::fetch::Wait;
+use crate::worker::Worker;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+
+/// Server-side timeout of a blocking pop (Sidekiq's fetch.rb TIMEOUT).
+pub const BLOCK_TIMEOUT_SECS: f64 = 2.0;
+/// Pause after a Redis error in the fetch path, as Sidekiq does.
+pub const ERROR_PAUSE: Duration = Duration::from_secs(1);
+
+/// What a blocker hands the fetch loop: which blocker, what it popped, and whether it hit an
+/// error (with reliable fetch an error may hide a job moved into our working list).
+pub struct Delivery {
+    pub from: usize,
+    pub job: Option<UnitOfWork>,
+    pub failed: bool,
+}
+
+/// The fetch loop's handle on one blocking pop task.
+pub struct Blocker {
+    arm: Arc<Notify>,
+    client_id: Arc<AtomicI64>,
+    /// Armed and not yet taken back by the loop: arming it again would take a second job.
+    armed: Arc<AtomicBool>,
+}
+
+impl Blocker {
+    /// Arm it unless it is already waiting; returns whether it was armed now.
+    pub fn arm(&self) -> bool {
+        let was = self.armed.swap(true, Ordering::SeqCst);
+        if !was {
+            self.arm.notify_one();
+        }
+        !was
+    }
+
+    pub fn is_armed(&self) -> bool {
+        self.armed.load(Ordering::SeqCst)
+    }
+
+    /// The loop has its delivery in hand. The loop, not the blocker, marks it free again, so a
+    /// delivery in flight is never mistaken for a free blocker (no over-fetch).
+    pub fn disarm(&self) {
+        self.armed.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Start blocker `index`, waiting on `wait` each time it is armed.
+pub fn spawn(
+    index: usize,
+    worker: Arc<Worker>,
+    wait: Wait,
+    tx: mpsc::UnboundedSender<Delivery>,
+    set: &mut JoinSet<()>,
+) -> Blocker {
+    let b = Blocker {
+        arm: Arc::new(Notify::new()),
+        client_id: Arc::new(AtomicI64::new(-1)),
+        armed: Arc::new(AtomicBool::new(false)),
+    };
+    let (arm, client_id) = (b.arm.clone(), b.client_id.clone());
+    let task = async move {
+        let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+        let send = |job, failed| {
+            let _ = tx.send(Delivery {
+                from: index,
+                job,
+                failed,
+            });
+        };
+        loop {
+            tokio::select! {
+                _ = arm.notified() => {}
+                _ = worker.shutdown.quieted() => return,
+            }
+            if worker.shutdown.is_quiet() {
+                return;
+            }
+            if conn.is_none() {
+                match crate::connections::redis_conn::dedicated(&worker.client).await {
+                    Ok(mut c) => {
+                        let id: i64 = redis::cmd("CLIENT")
+                            .arg("ID")
+                            .query_async(&mut c)
+                            .await
+                            .unwrap_or(-1);
+                        client_id.store(id, Ordering::SeqCst);
+                        conn = Some(c);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "fetch: cannot connect to Redis; retrying in 1s");
+                        tokio::time::sleep(ERROR_PAUSE).await;
+                        send(None, true);
+                        continue;
+                    }
+                }
+            }
+            let c = conn.as_mut().expect("connected above");
+            let epoch = worker.liveness.epoch();
+            let order = worker.config.queues.order();
+            let cmd = worker.fetch.wait_cmd(&wait, &order, BLOCK_TIMEOUT_SECS);
+            let res = match cmd.query_async::<redis::Value>(c).await {
+                Ok(v) => worker.fetch.delivered(&wait, v, epoch),
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(job) => send(job, false),
+                Err(e) => {
+                    tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
+                    conn = None;
+                    client_id.store(-1, Ordering::SeqCst);
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                    send(None, true);
+                }
+            }
+        }
+    };
+    set.spawn(tracing::Instrument::instrument(
+        task,
+        crate::logging::root().clone(),
+    ));
+    b
+}
+
+/// Ask Redis to end the blocked pops now (they return nil, or the job they already moved).
+pub async fn unblock(worker: &Worker, blockers: &[Blocker]) {
+    let mut conn = worker.conn.clone();
+    for b in blockers {
+        let id = b.client_id.load(Ordering::SeqCst);
+        if id >= 0 {
+            let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+                .arg("UNBLOCK")
+                .arg(id)
+                .query_async(&mut conn)
+                .await;
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Runs one fetched job to its end and writes the outcome: ack (batched, see `fetch_strategy`),
+//! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
+//! Outcome and ack go in one MULTI, so a crash never leaves a job both retried and fetchable.
+
+use crate::fetch::unit_of_work::UnitOfWork;
+use crate::job::error_class;
+use crate::job::handler::{JobContext, Outcome};
+use crate::job::payload::Job;
+use crate::job::retry::{self, Decision, Failure};
+use crate::process::slots::SlotEntry;
+use crate::worker::Worker;
+use futures::FutureExt;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How long past the shutdown deadline a self-stopping job may take to report back.
+pub const STOPS_ITSELF_GRACE: std::time::Duration = std::time::Duration::from_secs(8);
+
+/// `started`: when the runner began with this job (its pace and the job's elapsed time).
+///
+/// Not an `async fn`: the payload is parsed before the future is built, and the future is the
+/// run's own (or the boxed burial's), not one that also keeps room for the parse, the burial
+/// and a copy of the run. Every job's task is built from it, so its size is copied per job.
+pub fn process(
+    worker: &Arc<Worker>,
+    f: UnitOfWork,
+    started: Instant,
+) -> impl std::future::Future<Output = ()> + Send + '_ {
+    use futures::future::Either;
+    match parse(worker, &f) {
+        Ok(job) => {
+            let names = Names::of(&job);
+            let tag = Arc::new(crate::logging::scope::JobTag {
+                jid: names.jid.clone(),
+                class: names.shown.clone(),
+                queue: f.queue.clone(),
+            });
+            let lines = crate::logging::job_lines::JobLines::open(&tag);
+            let run = run_job(worker, f, job, names, lines, started);
+            Either::Left(crate::logging::scope::scoped(Some(tag), run))
+        }
+        Err((why, entry)) => Either::Right(Box::pin(async move {
+            let entry = entry.as_deref().unwrap_or(&f.raw);
+            bury_garbage(worker, &f, &why, entry).await
+        })),
+    }
+}
+
+/// A job's names, each allocated once and shared by its slot, its context, its log lines and
+/// the metrics.
+struct Names {
+    /// The class dispatched on.
+    class: Arc<str>,
+    /// The class shown (logs, Busy page, metrics).
+    shown: Arc<str>,
+    jid: Arc<str>,
+}
+
+impl Names {
+    fn of(job: &Job) -> Names {
+        let dispatch = job.dispatch_class();
+        let class: Arc<str> = dispatch.into();
+        let shown = match job.display_class_or(dispatch) {
+            d if d == dispatch => class.clone(),
+            d => d.into(),
+        };
+        Names {
+            class,
+            shown,
+            jid: job.jid().into(),
+        }
+    }
+}
+
+/// The job, or why it is not one and what goes to the dead set (None: the payload as is).
+fn parse(worker: &Worker, f: &UnitOfWork) -> Result<Job, (String, Option<Vec<u8>>)> {
+    let limit = worker.config.max_payload_bytes;
+    let parsed = if f.raw.len() > limit {
+        Err(format!(
+            "payload of {} bytes is over the limit of {limit} (--max-payload-bytes)",
+            f.raw.len()
+        ))
+    } else {
+        // One copy of the payload, shared from here on by the job, its context and its slot;
+        // the unit of work keeps its bytes for the ack.
+        match std::str::from_utf8(&f.raw) {
+            Ok(text) => Job::parse(f.queue.clone(), text).map_err(|e| e.to_string()),
+            Err(_) => Err("payload is not valid UTF-8".to_string()),
+        }
+    };
+    let job = parsed.map_err(|e| (e, None))?;
+    if let Err(e) = job.check() {
+        // Readable, so it is kept with the reason (the Web UI shows it), the rest unchanged.
+        let entry = crate::job::retry::dead_entry(&f.raw, error_class::INVALID_PAYLOAD_ERROR, &e);
+        let why = format!("{}: {e}", error_class::INVALID_PAYLOAD_ERROR);
+        return Err((why, Some(entry)));
+    }
+    Ok(job)
+}
+
+async fn run_job(
+    worker: &Arc<Worker>,
+    f: UnitOfWork,
+    job: Job,
+    names: Names,
+    lines: crate::logging::job_lines::JobLines,
+    started: Instant,
+) {
+    let Names { class, shown, jid } = names;
+    let lease = crate::process::liveness::JobLease {
+        liveness: worker.liveness.clone(),
+        epoch: f.epoch,
+    };
+    // Fetched before a lapse (a pop answered while we were frozen, say): the sweep may have
+    // returned it and another process be running it. Hand it back (only if still ours).
+    if lease.lapsed() {
+        tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
+        Box::pin(worker.fetch.requeue_logged(&f)).await;
+        return;
+    }
+    // Wall-clock seconds once, without a calendar (chrono's now() converts to one): `run_at`
+    // and, with the run's monotonic length added, the Metrics minute the run ended in.
+    let run_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let payload = job.raw.clone();
+    let slot = Arc::new(worker.slots.begin(SlotEntry {
+        queue: f.queue.clone(),
+        payload: payload.clone(),
+        run_at,
+        jid: jid.clone(),
+        class: shown.clone(),
+        phase: None,
+        started,
+    }));
+    lines.start();
+
+    let handler = worker.registry.get(&class);
+    let known = handler.is_some();
+    let outcome = match handler {
+        None => Outcome::Failed(Failure::new(
+            error_class::UNKNOWN_CLASS_ERROR,
+            format!("uninitialized constant {class}"),
+        )),
+        Some(h) => {
+            let ctx = JobContext {
+                jid,
+                class: class.clone(),
+                queue: f.queue.clone(),
+                args: job.dispatch_args(),
+                retry_count: job.retry_count(),
+                payload,
+                shutdown: worker.shutdown.clone(),
+                redis: worker.conn.clone(),
+                metrics: worker.metrics.clone(),
+                db: worker.db.clone(),
+                liveness: lease.clone(),
+                locks_record: worker.locks_record.clone(),
+                slot: Some(slot.clone()),
+            };
+            // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
+            // deadline a Rust handler is abandoned (its future dropped); command and phased
+            // jobs stop their process groups first and report Requeue themselves, within the
+            // kill grace. No task of its own: the fetch loop gives the job one only if it waits.
+            // Enough for the kill grace plus a lock release against a slow Redis (5 s reply
+            // deadline): the lock must be released before the payload is pushed back.
+            let grace = if h.stops_itself() {
+                STOPS_ITSELF_GRACE
+            } else {
+                std::time::Duration::ZERO
+            };
+            // perform() itself runs inside the guard too: a closure may panic before its
+            // async block starts. Its future is boxed already: the guard around it is not.
+            let perform = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.perform(ctx)));
+            let mut run: Run = match perform {
+                Ok(fut) => std::panic::AssertUnwindSafe(fut).catch_unwind(),
+                Err(p) => std::panic::AssertUnwindSafe(Box::pin(std::future::ready(
+                    Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
+                ))
+                    as crate::job::handler::BoxFuture<'static, Outcome>)
+                .catch_unwind(),
+            };
+            // The job first: one that is done at its first poll (most are) never arms the
+            // deadline's and the lease's watchers (a timer and two subscriptions), nor makes
+            // room for them in this future (which every job's task is built from).
+            let first = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut run), cx))
+            })
+            .await;
+            match first {
+                std::task::Poll::Ready(r) => caught(r),
+                std::task::Poll::Pending => Box::pin(supervise(worker, &lease, run, grace)).await,
+            }
+        }
+    };
+    // A job that failed while our lease lapsed was most likely killed for it: it goes back
+    // (LREM-guarded, so not beside a copy the sweep recovered), not into the retry set.
+    let outcome = match outcome {
+        Outcome::Failed(f) if lease.lapsed() => {
+            tracing::warn!(error = %f.message, "liveness lease lapsed while the job ran: stopped, handing it back");
+            Outcome::Requeue
+        }
+        o => o,
+    };
+    let took = started.elapsed();
+    // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
+    let ms = (took.as_secs_f64() * 10_000.0).round() / 10.0;
+    let end = match outcome {
+        Outcome::Done => crate::metrics::prometheus::JobEnd::Done,
+        Outcome::Failed(_) => crate::metrics::prometheus::JobEnd::Failed,
+        Outcome::Requeue => crate::metrics::prometheus::JobEnd::Requeued,
+    };
+    worker
+        .metrics
+        .job_finished(&shown, &f.queue, end, ms / 1000.0);
+    // Sidekiq's metrics middleware never sees a class whose constant lookup failed; a run
+    // interrupted by shutdown counts as failed there (Sidekiq::Shutdown is an exception).
+    if known {
+        let failed = !matches!(outcome, Outcome::Done);
+        worker.job_metrics.record(
+            run_at + took.as_secs() as i64,
+            crate::job::payload::class_of(&job),
+            failed,
+            took.as_millis() as u64,
+        );
+    }
+    match outcome {
+        Outcome::Done => {
+            worker.slots.count(false);
+            lines.done(ms);
+            worker.fetch.acknowledge(f);
+        }
+        Outcome::Failed(failure) => {
+            worker.slots.count(true);
+            let decision = if known {
+                retry::decide(&job, &failure)
+            } else {
+                retry::decide_unknown_class(&job, &failure)
+            };
+            let fate = match &decision {
+                Decision::Retry { .. } => "retry scheduled",
+                Decision::Dead { .. } => "retries exhausted: moved to dead",
+                Decision::Discard => "discarded (retry: false or dead: false)",
+            };
+            let counted = match &decision {
+                Decision::Retry { .. } => crate::metrics::prometheus::JobFate::Retried,
+                Decision::Dead { .. } => crate::metrics::prometheus::JobFate::Dead,
+                Decision::Discard => crate::metrics::prometheus::JobFate::Discarded,
+            };
+            worker.metrics.job_fate(&shown, &f.queue, counted);
+            tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
+                error = %failure.message, "fail: {fate}");
+            let mut pipe = redis::pipe();
+            retry::add_to_pipeline(&mut pipe, &decision);
+            Box::pin(worker.fetch.settle(&f, pipe)).await;
+        }
+        Outcome::Requeue => {
+            // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
+            worker.slots.count(true);
+            if lease.lapsed() {
+                tracing::info!(elapsed_ms = ms, "stopped: liveness lease lapsed");
+            } else {
+                tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+            }
+            Box::pin(worker.fetch.requeue_logged(&f)).await;
+        }
+    }
+    drop(slot);
+}
+
+/// A handler's run, panics caught.
+type Run = futures::future::CatchUnwind<
+    std::panic::AssertUnwindSafe<crate::job::handler::BoxFuture<'static, Outcome>>,
+>;
+
+fn caught(r: std::thread::Result<Outcome>) -> Outcome {
+    match r {
+        Ok(o) => o,
+        Err(p) => Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
+    }
+}
+
+/// A run that did not finish at its first poll, until it ends, the hard deadline comes or the
+/// liveness lease lapses; after either of those it has `grace` left (else: Requeue).
+async fn supervise(
+    worker: &Worker,
+    lease: &crate::process::liveness::JobLease,
+    mut run: Run,
+    grace: std::time::Duration,
+) -> Outcome {
+    tokio::select! {
+        biased;
+        r = &mut run => caught(r),
+        _ = worker.shutdown.hard_deadline() => {
+            match tokio::time::timeout(grace, &mut run).await {
+                Ok(r) => caught(r),
+                Err(_) => Outcome::Requeue,
+            }
+        }
+        // Our alive key may lapse soon and the job be recovered: stop it now (command
+        // and phased jobs kill their groups themselves; a Rust handler is abandoned).
+        _ = lease.lapse() => {
+            match tokio::time::timeout(grace, &mut run).await {
+                Ok(r) => caught(r),
+                Err(_) => Outcome::Requeue,
+            }
+        }
+    }
+}
+
+/// Most payload characters a log line about a bad payload shows.
+const SHOWN_PAYLOAD_CHARS: usize = 1000;
+
+/// A payload that is not a job goes to `dead`: one that is not a JSON object as the raw string,
+/// as processor.rb does (`entry` is then `f.raw`), a readable one with the reason.
+async fn bury_garbage(worker: &Worker, f: &UnitOfWork, why: &str, entry: &[u8]) {
+    let shown = f.payload_lossy();
+    let cut = shown.chars().count() > SHOWN_PAYLOAD_CHARS;
+    let shown: String = shown.chars().take(SHOWN_PAYLOAD_CHARS).collect();
+    tracing::error!(queue = %f.queue, error = why, bytes = f.raw.len(), payload = %shown,
+        "invalid job payload: moved to the dead set{}{}",
+        if entry == &f.raw[..] { " as is" } else { "" },
+        if cut { " (payload cut in this line)" } else { "" });
+    worker.metrics.garbage(&f.queue);
+    let mut pipe = redis::pipe();
+    retry::add_dead(&mut pipe, entry);
+    worker.fetch.settle(f, pipe).await;
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        format!("panic: {s}")
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        format!("panic: {s}")
+    } else {
+        "panic".to_string()
+    }
+}

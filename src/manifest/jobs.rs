@@ -1,0 +1,121 @@
+//! Turns the loaded `jobs/*.toml` into registry entries and checks what they need before a
+//! worker (or `playguard check`) goes on: every command exists, there is at least one job
+//! class, and classes with `fence = "database"` have a database URL. Touches no Redis keys
+//! and no tables. Errors are one-line configuration errors (exit 2); nothing branches on them.
+
+use crate::cycle::fences::FenceSource;
+use crate::cycle::reconcile::{CommandPhase, Cycle, LockConfig, Phase};
+use crate::job::handler::Handler;
+use crate::job::handler::Registry;
+use crate::manifest::{JobSpec, Manifest};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Load and check the manifests: every command must exist, and a worker with no job class
+/// at all (a wrong working directory, a mistyped -j) refuses to start rather than fail every
+/// job it takes.
+pub fn load_manifest(dir: &Path, registry: &Registry) -> Result<Manifest, String> {
+    let manifest = Manifest::load(dir).map_err(|e| e.to_string())?;
+    manifest.check_commands().map_err(|e| e.to_string())?;
+    // (A dispatch-only process, with [[periodic]] entries and no job class, is fine.)
+    if manifest.jobs.is_empty() && manifest.periodic.is_empty() && registry.classes().is_empty() {
+        let cwd = std::env::current_dir()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        return Err(format!(
+            "no job classes: {} holds no [[job]] or [[periodic]] manifests (working directory {cwd}) and no Rust handler is registered",
+            dir.display()
+        ));
+    }
+    let known: Vec<&str> = manifest.jobs.iter().map(|j| j.class.as_str()).collect();
+    for p in &manifest.periodic {
+        if !known.contains(&p.class.as_str()) && !registry.contains(&p.class) {
+            tracing::warn!(periodic = %p.name, class = %p.class,
+                "periodic entry enqueues a class this worker does not define (fine if another worker runs it)");
+        }
+    }
+    Ok(manifest)
+}
+
+/// Register a command or phased job for every manifest entry.
+pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
+    for j in &manifest.jobs {
+        if j.phases.is_empty() {
+            registry.register(
+                j.class.clone(),
+                crate::commands::command_job::CommandJob {
+                    argv: j.run.clone().unwrap_or_default(),
+                    timeout: j.timeout_secs.map(Duration::from_secs),
+                    inherit: j.env.clone(),
+                },
+            );
+        } else {
+            registry.register_arc(j.class.clone(), reconcile_cycle(j));
+        }
+    }
+}
+
+/// Classes with `fence = "database"` need a database URL: refuse to start without one.
+/// (`registry` holds the manifest entries by now.)
+pub fn check_database_needs(database_url: Option<&str>, registry: &Registry) -> Result<(), String> {
+    let needing = registry.needing_database();
+    if database_url.is_none() && !needing.is_empty() {
+        return Err(missing_database(&needing));
+    }
+    Ok(())
+}
+
+/// The classes that take fences from PostgreSQL, for a manifest not registered (`check`):
+/// the Rust handlers' and the manifest entries with `fence = "database"`.
+pub fn needing_database(manifest: &Manifest, registry: &Registry) -> Vec<String> {
+    let mut needing = registry.needing_database();
+    needing.extend(
+        manifest
+            .jobs
+            .iter()
+            .filter(|j| {
+                j.lock
+                    .as_ref()
+                    .is_some_and(|l| l.fence_source() == FenceSource::Database)
+            })
+            .map(|j| j.class.clone()),
+    );
+    needing
+}
+
+/// The one line for classes that need a database URL when none is set.
+pub fn missing_database(classes: &[String]) -> String {
+    format!(
+        "{} take{} fences from PostgreSQL (fence = \"database\") but no database URL is set (DATABASE_URL or --database-url)",
+        classes.join(", "),
+        if classes.len() == 1 { "s" } else { "" }
+    )
+}
+
+/// A phased `[[job]]` as a reconcile cycle: its lock, and one command phase per `[[job.phase]]`.
+fn reconcile_cycle(j: &JobSpec) -> Arc<dyn Handler> {
+    // Manifest validation guarantees phased jobs have a lock.
+    let l = j.lock.as_ref().expect("validated: phased jobs have a lock");
+    let lock = LockConfig {
+        key: l.key.clone(),
+        ttl: Duration::from_secs_f64(l.ttl_secs),
+        label: l.label.clone(),
+        fence: l.fence_source(),
+    };
+    Arc::new(Cycle {
+        lock,
+        phases: j
+            .phases
+            .iter()
+            .map(|p| {
+                let phase: Arc<dyn Phase> = Arc::new(CommandPhase {
+                    name: p.name.clone(),
+                    argv: p.run.clone(),
+                    inherit: j.env.clone(),
+                });
+                (phase, p.timeout_secs.map(Duration::from_secs_f64))
+            })
+            .collect(),
+    })
+}

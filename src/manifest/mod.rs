@@ -1,0 +1,399 @@
+//! Job manifests: every `jobs/*.toml` file, parsed and checked before anything starts. An error
+//! names the file, the entry and what is wrong. Touches no Redis keys.
+//!
+//! ```toml
+//! [[job]]
+//! class = "HardJob"
+//! run = ["jobs/bin/hard-job"]      # argv, never a shell string
+//! timeout_secs = 60                # optional
+//! env = ["PATH", "HOME"]           # optional: the worker's variables it gets (default: all)
+//!
+//! [[job]]
+//! class = "PlayguardJob"
+//! lock = { key = "playguard:marquee:{args.0}", ttl_secs = 900, when_locked = "skip" }
+//! on_lock_lost = "abort"
+//! [[job.phase]]
+//! name = "sync_git"
+//! run = ["jobs/bin/sync-git"]
+//!
+//! [[periodic]]
+//! name = "playguard-dispatch"
+//! every_secs = 60
+//! class = "PlayguardJob"
+//! queue = "playguard"
+//! for_each_member_of = "playguard:marquees:launchable"
+//! ```
+
+pub mod jobs;
+
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {entry}: {message}")]
+pub struct ManifestError {
+    pub file: String,
+    pub entry: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The manifest file this entry came from (for error messages).
+    #[serde(skip)]
+    pub file: String,
+    pub class: String,
+    #[serde(default)]
+    pub run: Option<Vec<String>>,
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    #[serde(default)]
+    pub lock: Option<LockSpec>,
+    #[serde(default)]
+    pub on_lock_lost: Option<String>,
+    #[serde(default, rename = "phase")]
+    pub phases: Vec<PhaseSpec>,
+    /// Names of the worker's environment variables its commands get (None = all of them);
+    /// the PLAYGUARD_* variables are set either way.
+    #[serde(default)]
+    pub env: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LockSpec {
+    pub key: String,
+    #[serde(default = "default_ttl")]
+    pub ttl_secs: f64,
+    #[serde(default = "default_when_locked")]
+    pub when_locked: String,
+    /// How logs name what the lock guards, e.g. "Marquee {args.0}" (default: the key).
+    #[serde(default)]
+    pub label: Option<String>,
+    /// Where fences come from: "redis" (default) or "database" (needs a database URL).
+    #[serde(default)]
+    pub fence: Option<String>,
+}
+
+impl LockSpec {
+    /// The validated `fence` setting.
+    pub fn fence_source(&self) -> crate::cycle::fences::FenceSource {
+        self.fence
+            .as_deref()
+            .and_then(|f| crate::cycle::fences::FenceSource::parse(f).ok())
+            .unwrap_or_default()
+    }
+}
+
+fn default_ttl() -> f64 {
+    900.0
+}
+
+fn default_when_locked() -> String {
+    "skip".into()
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseSpec {
+    pub name: String,
+    pub run: Vec<String>,
+    #[serde(default)]
+    pub timeout_secs: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeriodicSpec {
+    pub name: String,
+    pub every_secs: u64,
+    pub class: String,
+    #[serde(default = "default_queue")]
+    pub queue: String,
+    #[serde(default)]
+    pub for_each_member_of: Option<String>,
+    /// Fixed arguments when there is no set to fan out over.
+    #[serde(default)]
+    pub args: Vec<toml::Value>,
+    #[serde(default)]
+    pub retry: Option<toml::Value>,
+}
+
+fn default_queue() -> String {
+    "default".into()
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    job: Vec<JobSpec>,
+    #[serde(default)]
+    periodic: Vec<PeriodicSpec>,
+}
+
+/// Every job and periodic entry of a manifest folder.
+#[derive(Debug, Default, Clone)]
+pub struct Manifest {
+    pub jobs: Vec<JobSpec>,
+    pub periodic: Vec<PeriodicSpec>,
+}
+
+impl Manifest {
+    /// Load `dir/*.toml` in name order. A missing folder is an empty manifest (a Rust-only
+    /// embedding needs none); anything unreadable or invalid is an error.
+    pub fn load(dir: &Path) -> Result<Manifest, ManifestError> {
+        let mut m = Manifest::default();
+        if !dir.exists() {
+            return Ok(m);
+        }
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| err(dir, "folder", e.to_string()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+            .collect();
+        files.sort();
+        let mut seen: HashMap<String, String> = HashMap::new();
+        for path in files {
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| err(&path, "file", e.to_string()))?;
+            let f: File = toml::from_str(&text)
+                .map_err(|e| err(&path, "syntax", e.to_string().trim_end().to_string()))?;
+            for (i, mut j) in f.job.into_iter().enumerate() {
+                j.file = path.display().to_string();
+                let entry = format!("[[job]] #{} (class {:?})", i + 1, j.class);
+                validate_job(&j).map_err(|msg| err(&path, &entry, msg))?;
+                if let Some(prev) = seen.insert(j.class.clone(), path.display().to_string()) {
+                    return Err(err(
+                        &path,
+                        &entry,
+                        format!("class {:?} is already defined in {prev}", j.class),
+                    ));
+                }
+                m.jobs.push(j);
+            }
+            for (i, p) in f.periodic.into_iter().enumerate() {
+                let entry = format!("[[periodic]] #{} (name {:?})", i + 1, p.name);
+                validate_periodic(&p).map_err(|msg| err(&path, &entry, msg))?;
+                m.periodic.push(p);
+            }
+        }
+        Ok(m)
+    }
+}
+
+impl Manifest {
+    /// Every command a job or phase names must be there to run: a path (relative to the
+    /// working directory) to an executable file, or a program found on PATH.
+    pub fn check_commands(&self) -> Result<(), ManifestError> {
+        for j in &self.jobs {
+            let argvs: Vec<(&[String], String)> = match &j.run {
+                Some(argv) => vec![(argv.as_slice(), "run".to_string())],
+                None => j
+                    .phases
+                    .iter()
+                    .map(|p| (p.run.as_slice(), format!("phase {:?}", p.name)))
+                    .collect(),
+            };
+            for (argv, what) in argvs {
+                let prog = argv.first().map(String::as_str).unwrap_or("");
+                if let Err(why) = find_program(prog) {
+                    return Err(ManifestError {
+                        file: j.file.clone(),
+                        entry: format!("[[job]] (class {:?})", j.class),
+                        message: format!("{what}: {why}"),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn find_program(prog: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runnable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if prog.contains('/') {
+        let p = Path::new(prog);
+        if !p.exists() {
+            let cwd = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            return Err(format!(
+                "{prog:?} does not exist (relative to the working directory {cwd})"
+            ));
+        }
+        if !runnable(p) {
+            return Err(format!("{prog:?} is not an executable file (chmod +x?)"));
+        }
+        return Ok(());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|d| runnable(&d.join(prog))) {
+        Ok(())
+    } else {
+        Err(format!("{prog:?} is not on PATH"))
+    }
+}
+
+fn err(file: &Path, entry: &str, message: String) -> ManifestError {
+    ManifestError {
+        file: file.display().to_string(),
+        entry: entry.to_string(),
+        message,
+    }
+}
+
+fn validate_argv(what: &str, argv: &[String]) -> Result<(), String> {
+    match argv.first() {
+        None => Err(format!("{what}: `run` must name a command (an argv list)")),
+        Some(p) if p.trim().is_empty() => {
+            Err(format!("{what}: `run` starts with an empty program"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn validate_job(j: &JobSpec) -> Result<(), String> {
+    if j.class.trim().is_empty() {
+        return Err("`class` must not be empty".into());
+    }
+    match (&j.run, j.phases.is_empty()) {
+        (Some(_), false) => {
+            return Err("give either `run` or [[job.phase]] entries, not both".into())
+        }
+        (None, true) => return Err("needs `run` (a command) or [[job.phase]] entries".into()),
+        (Some(argv), true) => validate_argv("job", argv)?,
+        (None, false) => {
+            let mut names = std::collections::HashSet::new();
+            for p in &j.phases {
+                if p.name.trim().is_empty() {
+                    return Err("a phase has an empty `name`".into());
+                }
+                if !names.insert(p.name.as_str()) {
+                    return Err(format!("phase {:?} appears twice", p.name));
+                }
+                validate_argv(&format!("phase {:?}", p.name), &p.run)?;
+                if matches!(p.timeout_secs, Some(t) if t <= 0.0 || !t.is_finite()) {
+                    return Err(format!("phase {:?}: timeout_secs must be > 0", p.name));
+                }
+            }
+        }
+    }
+    for name in j.env.iter().flatten() {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(format!("env: {name:?} is not an environment variable name"));
+        }
+    }
+    if j.timeout_secs == Some(0) {
+        return Err("timeout_secs must be > 0".into());
+    }
+    if let Some(l) = &j.lock {
+        if !(l.ttl_secs > 0.0 && l.ttl_secs.is_finite()) {
+            return Err("lock.ttl_secs must be > 0".into());
+        }
+        if l.when_locked != "skip" {
+            return Err(format!(
+                "lock.when_locked = {:?} is not supported (only \"skip\")",
+                l.when_locked
+            ));
+        }
+        if let Some(f) = &l.fence {
+            crate::cycle::fences::FenceSource::parse(f)?;
+        }
+        crate::cycle::keys::check_template(&l.key)?;
+        if let Some(label) = &l.label {
+            crate::cycle::keys::check_template(label)?;
+        }
+    }
+    match j.on_lock_lost.as_deref() {
+        None | Some("abort") => {}
+        Some(other) => {
+            return Err(format!(
+                "on_lock_lost = {other:?} is not supported (only \"abort\")"
+            ))
+        }
+    }
+    if j.on_lock_lost.is_some() && j.lock.is_none() {
+        return Err("on_lock_lost needs a `lock`".into());
+    }
+    // The cycle renews a lease after every phase, so phases need one. (A per-jid default lock
+    // would make a recovered copy of a crashed run skip itself as "already locked".)
+    if !j.phases.is_empty() && j.lock.is_none() {
+        return Err("[[job.phase]] entries need a `lock` (key, ttl_secs) to run under".into());
+    }
+    Ok(())
+}
+
+fn validate_periodic(p: &PeriodicSpec) -> Result<(), String> {
+    if p.name.trim().is_empty() || p.class.trim().is_empty() || p.queue.trim().is_empty() {
+        return Err("`name`, `class` and `queue` must not be empty".into());
+    }
+    if p.every_secs == 0 {
+        return Err("every_secs must be > 0".into());
+    }
+    if p.for_each_member_of.is_some() && !p.args.is_empty() {
+        return Err("give either `for_each_member_of` or `args`, not both".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Manifest, ManifestError> {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("a.toml"), text).unwrap();
+        Manifest::load(d.path())
+    }
+
+    #[test]
+    fn parses_phased_and_plain_jobs() {
+        let m = load(
+            r#"
+[[job]]
+class = "HardJob"
+run = ["bin/x", "--flag"]
+[[job]]
+class = "PlayguardJob"
+lock = { key = "playguard:marquee:{args.0}", ttl_secs = 3 }
+on_lock_lost = "abort"
+[[job.phase]]
+name = "a"
+run = ["bin/a"]
+[[periodic]]
+name = "d"
+every_secs = 60
+class = "PlayguardJob"
+for_each_member_of = "s"
+"#,
+        )
+        .unwrap();
+        assert_eq!(m.jobs.len(), 2);
+        assert_eq!(m.jobs[1].phases[0].name, "a");
+        assert_eq!(m.periodic[0].queue, "default");
+    }
+
+    #[test]
+    fn errors_name_file_and_entry() {
+        let e = load("[[job]]\nclass = \"A\"\nrun = []\n").unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("a.toml") && s.contains("class \"A\"") && s.contains("run"),
+            "{s}"
+        );
+        let e = load("[[job]]\nclass = \"A\"\nrnu = [\"x\"]\n").unwrap_err();
+        assert!(e.to_string().contains("rnu"), "{e}");
+        let e = load("[[job]]\nclass = \"A\"\nrun=[\"x\"]\nlock = { key = \"k:{arg.0}\" }\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("placeholder"), "{e}");
+        let e = load("[[job]]\nclass = \"P\"\n[[job.phase]]\nname = \"a\"\nrun = [\"x\"]\n")
+            .unwrap_err();
+        assert!(e.to_string().contains("need a `lock`"), "{e}");
+    }
+}

@@ -1,0 +1,8 @@
+//! This process's own state, shared by every layer above: its identity, the one-way quiet and
+//! stop state, the slot table of what each slot runs, and the liveness lease a job's commands
+//! are stopped by. Touches no Redis keys.
+
+pub mod identity;
+pub mod liveness;
+pub mod shutdown;
+pub mod slots;

@@ -1,0 +1,42 @@
+//! The state one worker process shares between its loops: connections, identity, registry,
+//! slot table, shutdown state, the fetch strategy, the liveness lease. Data only: what a
+//! fetched job goes through belongs to `fetch::FetchStrategy`. Touches no Redis keys itself.
+
+pub mod config;
+
+use crate::connections::redis_conn::Conn;
+use crate::fetch::FetchStrategy;
+use crate::job::handler::Registry;
+use crate::process::shutdown::Shutdown;
+use crate::process::slots::SlotTable;
+use crate::worker::config::Config;
+use std::sync::Arc;
+
+pub struct Worker {
+    pub client: crate::connections::redis_conn::Client,
+    pub conn: Conn,
+    pub identity: String,
+    pub config: Config,
+    pub registry: Registry,
+    pub slots: Arc<SlotTable>,
+    pub shutdown: Shutdown,
+    pub metrics: Arc<crate::metrics::prometheus::Metrics>,
+    /// Sidekiq 7/8 Metrics-tab counters, flushed by the heartbeat.
+    pub job_metrics: crate::metrics::sidekiq_tab::JobMetrics,
+    pub fetch: FetchStrategy,
+    /// `DATABASE_URL`: fences for `fence = "database"` locks and the cycle ledger.
+    pub db: Option<crate::connections::db::Db>,
+    pub liveness: crate::process::liveness::Liveness,
+    /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep to release if
+    /// we die; None where no sweep recovers our jobs. Named once: every job's context has it.
+    pub locks_record: Option<Arc<str>>,
+}
+
+impl Worker {
+    /// The `locks_record` a worker with this identity and fetch strategy has.
+    pub fn locks_record_for(identity: &str, fetch: &FetchStrategy) -> Option<Arc<str>> {
+        fetch
+            .recovers_orphans()
+            .then(|| crate::cycle::lock::locks_record_key(identity).into())
+    }
+}
