@@ -3,9 +3,9 @@
 //! defaults. A configuration error is one clear line and a non-zero exit.
 
 use crate::job::handler::Registry;
-use crate::launcher::StartError;
 use crate::manifest::jobs as manifest_jobs;
 use crate::worker::config::{self, Config};
+use crate::worker::error::{open_redis, report, StartError};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -306,44 +306,28 @@ pub fn main_with(registry: Registry) -> i32 {
 fn run(a: RunArgs, registry: Registry) -> i32 {
     let (config, json) = match build_config(a) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("playguard: configuration error: {e}");
-            return 2;
-        }
+        Err(e) => return report(&StartError::Config(e)),
     };
     let _log_guard = crate::logging::init(json);
     use tracing::Instrument;
     let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
     match runtime().block_on(fut) {
         Ok(()) => 0,
-        Err(e) => start_failed(&e),
+        Err(e) => report(&e),
     }
-}
-
-/// One line on stderr for a failed start (or `check`), and the exit code it calls for.
-fn start_failed(e: &StartError) -> i32 {
-    match e {
-        StartError::Config(_) => eprintln!("playguard: configuration error: {e}"),
-        _ => eprintln!("playguard: {e}"),
-    }
-    e.exit_code()
 }
 
 fn enqueue(a: EnqueueArgs) -> i32 {
     if a.queue.trim().is_empty() {
-        eprintln!("playguard: --queue must not be empty");
-        return 2;
+        return report(&StartError::Config("--queue must not be empty".into()));
     }
     let mut args = Vec::new();
     for (i, s) in a.args.iter().enumerate() {
         match parse_arg(s) {
             Ok(v) => args.push(v),
             Err(e) => {
-                eprintln!(
-                    "playguard: argument {} ({s:?}) is not valid JSON: {e}",
-                    i + 1
-                );
-                return 2;
+                let why = format!("argument {} ({s:?}) is not valid JSON: {e}", i + 1);
+                return report(&StartError::Config(why));
             }
         }
     }
@@ -353,8 +337,8 @@ fn enqueue(a: EnqueueArgs) -> i32 {
         Some(n) => match n.parse::<i64>() {
             Ok(n) => serde_json::Value::from(n),
             Err(_) => {
-                eprintln!("playguard: --retry takes a number, true or false, not {n:?}");
-                return 2;
+                let why = format!("--retry takes a number, true or false, not {n:?}");
+                return report(&StartError::Config(why));
             }
         },
     };
@@ -366,16 +350,16 @@ fn enqueue(a: EnqueueArgs) -> i32 {
         at: a.in_secs.map(|s| crate::job::payload::now_f64() + s),
     };
     let res = runtime().block_on(async {
-        let client = crate::connections::redis_conn::client(&a.redis.url)?;
-        let mut conn = crate::connections::redis_conn::shared(&client).await?;
-        crate::job::client::push(&mut conn, &job).await
+        let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
+        Ok(crate::job::client::push(&mut conn, &job).await)
     });
     match res {
-        Ok(jid) => {
+        Err(e) => report(&e),
+        Ok(Ok(jid)) => {
             println!("{jid}");
             0
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             eprintln!(
                 "playguard: cannot enqueue at {}: {e}",
                 crate::connections::redact::url(&a.redis.url)
@@ -408,28 +392,16 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
     let m = match manifest_jobs::load_manifest(&a.jobs, registry) {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("playguard: bad manifest: {e}");
-            return StartError::Config(e).exit_code();
+            return report(&StartError::Config(format!("bad manifest: {e}")));
         }
     };
     let database = match check_database(&a, &m, registry) {
         Ok(d) => d,
-        Err(e) => return start_failed(&e),
+        Err(e) => return report(&e),
     };
     let url = crate::connections::redact::url(&a.redis.url);
     let res = runtime().block_on(async {
-        let unreachable = |err| StartError::RedisUnreachable {
-            url: url.clone(),
-            err,
-        };
-        let client = crate::connections::redis_conn::client(&a.redis.url).map_err(unreachable)?;
-        let mut conn = crate::connections::redis_conn::shared(&client)
-            .await
-            .map_err(unreachable)?;
-        redis::cmd("PING")
-            .query_async::<()>(&mut conn)
-            .await
-            .map_err(unreachable)?;
+        let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
         let version = crate::connections::redis_conn::check_server(&mut conn)
             .await
             .map_err(|e| StartError::from_server(&url, e))?;
@@ -439,7 +411,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
         })
     });
     match res {
-        Err(e) => start_failed(&e),
+        Err(e) => report(&e),
         Ok(version) => {
             println!(
                 "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {url} answers",

@@ -10,58 +10,20 @@ use crate::manifest::jobs as manifest_jobs;
 use crate::process::shutdown::Shutdown;
 use crate::process::slots::SlotTable;
 use crate::worker::config::Config;
+use crate::worker::error::open_redis;
 use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+/// How long a start waits for a Redis that is loading its dataset (LOADING).
+const LOADING_WAIT: Duration = Duration::from_secs(300);
+
 /// Extra time after the deadline for killed phases to exit and jobs to be pushed back.
 const AFTER_DEADLINE: Duration = Duration::from_secs(10);
 
-/// Why a worker did not start. The CLI turns each into one stderr line and `exit_code`
-/// (README: a configuration error exits 2, an unreachable Redis 1).
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// A bad flag, URL or manifest, no job class, a missing database URL.
-    #[error("{0}")]
-    Config(String),
-    /// Redis did not answer, or dropped the connection while we asked it something.
-    #[error("cannot reach Redis at {url}: {err}")]
-    RedisUnreachable { url: String, err: redis::RedisError },
-    /// Redis answers but is older than `redis_conn::MIN_SERVER`: retrying will not help.
-    #[error("Redis {version} at {url} is too old: playguard needs {}.{} or newer",
-        crate::connections::redis_conn::MIN_SERVER.0, crate::connections::redis_conn::MIN_SERVER.1)]
-    RedisTooOld { url: String, version: String },
-    #[error("cannot reach PostgreSQL at {url}: {err}")]
-    Database { url: String, err: String },
-}
-
-impl StartError {
-    /// What `check_server` found wrong with the Redis at `url` (shown redacted).
-    pub fn from_server(url: &str, e: crate::connections::redis_conn::ServerError) -> StartError {
-        use crate::connections::redis_conn::ServerError;
-        match e {
-            ServerError::Unreachable(err) => StartError::RedisUnreachable {
-                url: url.to_string(),
-                err,
-            },
-            ServerError::TooOld { version } => StartError::RedisTooOld {
-                url: url.to_string(),
-                version,
-            },
-        }
-    }
-
-    /// The process exit code: 2 for what only a change of configuration (or of server)
-    /// fixes, 1 for a server that may answer later.
-    pub fn exit_code(&self) -> i32 {
-        match self {
-            StartError::Config(_) | StartError::RedisTooOld { .. } => 2,
-            StartError::RedisUnreachable { .. } | StartError::Database { .. } => 1,
-        }
-    }
-}
+pub use crate::worker::error::StartError;
 
 /// Whether `run_with` listens for OS signals itself (the binary) or leaves them to the
 /// embedder, who stops the worker through its `Shutdown`.
@@ -216,38 +178,6 @@ async fn heartbeat_loop(worker: Arc<Worker>, info: String) {
     }
 }
 
-/// How long a starting process waits for a Redis that answers `LOADING`.
-const LOADING_WAIT: Duration = Duration::from_secs(300);
-
-/// Connect and PING. A Redis that answers `LOADING` (restarted, reading its dataset back) is
-/// there and about to serve: wait for it rather than exit as if it were unreachable, since
-/// under foreman one process that exits stops the whole Procfile.
-async fn reach_redis(
-    client: &crate::connections::redis_conn::Client,
-    url: &str,
-) -> redis::RedisResult<crate::connections::redis_conn::Conn> {
-    let started = std::time::Instant::now();
-    let mut told = false;
-    loop {
-        let attempt = async {
-            let mut conn = crate::connections::redis_conn::shared(client).await?;
-            redis::cmd("PING").query_async::<()>(&mut conn).await?;
-            Ok::<_, redis::RedisError>(conn)
-        }
-        .await;
-        match attempt {
-            Err(e) if e.code() == Some("LOADING") && started.elapsed() < LOADING_WAIT => {
-                if !told {
-                    tracing::warn!(redis = %url, "Redis is loading its dataset; waiting for it");
-                    told = true;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            done => return done,
-        }
-    }
-}
-
 /// Parse the database URL, reach the server and create the tables when missing.
 async fn open_database(
     config: &Config,
@@ -289,16 +219,7 @@ pub async fn run_with(
     manifest_jobs::check_database_needs(config.database_url.as_deref(), &registry)
         .map_err(StartError::Config)?;
     let url = crate::connections::redact::url(&config.redis_url);
-    // A URL that does not parse is a configuration error, not an unreachable server.
-    let client = crate::connections::redis_conn::client(&config.redis_url)
-        .map_err(|e| StartError::Config(format!("bad Redis URL {url:?}: {e}")))?;
-    let mut conn =
-        reach_redis(&client, &url)
-            .await
-            .map_err(|err| StartError::RedisUnreachable {
-                url: url.clone(),
-                err,
-            })?;
+    let (client, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
     let version = crate::connections::redis_conn::check_server(&mut conn)
         .await
         .map_err(|e| StartError::from_server(&url, e))?;
@@ -430,8 +351,7 @@ pub async fn run_with(
 
 #[cfg(test)]
 mod tests {
-    use super::{Signal, StartError};
-    use crate::connections::redis_conn::ServerError;
+    use super::Signal;
 
     #[test]
     fn signals_are_parsed_once_by_name() {
@@ -442,31 +362,5 @@ mod tests {
         for ignored in ["USR1", "USR2", "term", "KILL", ""] {
             assert_eq!(Signal::parse(ignored), None, "{ignored:?}");
         }
-    }
-
-    #[test]
-    fn exit_codes_follow_the_readme() {
-        let url = "redis://127.0.0.1:6379/0";
-        let dropped = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        let unreachable = StartError::from_server(url, ServerError::Unreachable(dropped));
-        assert!(matches!(unreachable, StartError::RedisUnreachable { .. }));
-        assert_eq!(unreachable.exit_code(), 1);
-        let old = StartError::from_server(
-            url,
-            ServerError::TooOld {
-                version: "5.0.0".into(),
-            },
-        );
-        assert_eq!(old.exit_code(), 2);
-        assert_eq!(
-            old.to_string(),
-            format!("Redis 5.0.0 at {url} is too old: playguard needs 6.2 or newer")
-        );
-        assert_eq!(StartError::Config("x".into()).exit_code(), 2);
-        let db = StartError::Database {
-            url: "postgres://db".into(),
-            err: "refused".into(),
-        };
-        assert_eq!(db.exit_code(), 1);
     }
 }

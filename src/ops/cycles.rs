@@ -6,6 +6,7 @@
 //! lock keys; see `locks.rs`), and the output says so.
 
 use crate::connections::db::Db;
+use crate::worker::error::{report, StartError};
 use serde::Serialize;
 use tokio_postgres::types::Type;
 
@@ -171,10 +172,7 @@ pub async fn command(
         Some(url) => {
             let db = match Db::new(url, "playguard-cycles") {
                 Ok(d) => d,
-                Err(e) => {
-                    eprintln!("playguard: configuration error: {e}");
-                    return 2;
-                }
+                Err(e) => return report(&StartError::Config(e.to_string())),
             };
             match from_ledger(&db, key, limit.into()).await {
                 Ok(c) => (c, None),
@@ -191,10 +189,7 @@ pub async fn command(
             let (mut conn, _) =
                 match super::locks::connect(redis_url, None, "playguard-cycles").await {
                     Ok(c) => c,
-                    Err((code, line)) => {
-                        eprintln!("playguard: {line}");
-                        return code;
-                    }
+                    Err(e) => return report(&e),
                 };
             match super::locks::collect_or_report(&mut conn, None, redis_url).await {
                 Ok(f) => (from_locks(f.locks, key, limit as usize), Some(NO_DATABASE)),

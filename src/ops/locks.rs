@@ -14,6 +14,7 @@
 
 use crate::connections::db::Db;
 use crate::connections::redis_conn::Conn;
+use crate::worker::error::{open_redis, report, StartError};
 use redis::Value;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -245,31 +246,18 @@ pub fn render(locks: &[Lock]) -> String {
     })
 }
 
-/// Open Redis (and the database when a URL is given) for an operator command; the error
-/// line (passwords hidden) and exit code otherwise.
+/// Open Redis (and the database when a URL is given) for an operator command, through the
+/// one opener every subcommand uses.
 pub async fn connect(
     redis_url: &str,
     database_url: Option<&str>,
     who: &str,
-) -> Result<(Conn, Option<Db>), (i32, String)> {
+) -> Result<(Conn, Option<Db>), StartError> {
     let db = match database_url {
-        Some(u) => Some(Db::new(u, who).map_err(|e| (2, format!("configuration error: {e}")))?),
+        Some(u) => Some(Db::new(u, who).map_err(|e| StartError::Config(e.to_string()))?),
         None => None,
     };
-    let conn = async {
-        let client = crate::connections::redis_conn::client(redis_url)?;
-        crate::connections::redis_conn::shared(&client).await
-    }
-    .await
-    .map_err(|e| {
-        (
-            1,
-            format!(
-                "cannot reach Redis at {}: {e}",
-                crate::connections::redact::url(redis_url)
-            ),
-        )
-    })?;
+    let (_, conn) = open_redis(redis_url, std::time::Duration::ZERO).await?;
     Ok((conn, db))
 }
 
@@ -292,10 +280,7 @@ pub async fn collect_or_report(
 pub async fn command(redis_url: &str, database_url: Option<&str>, json: bool) -> i32 {
     let (mut conn, db) = match connect(redis_url, database_url, "playguard-locks").await {
         Ok(c) => c,
-        Err((code, line)) => {
-            eprintln!("playguard: {line}");
-            return code;
-        }
+        Err(e) => return report(&e),
     };
     let found = match collect_or_report(&mut conn, db.as_ref(), redis_url).await {
         Ok(f) => f,
