@@ -5,15 +5,18 @@
 //! worker's guardian (`guardian/`), which also kills the group when the worker dies or, with
 //! a liveness lease, when its keepalives stop (a frozen worker cannot). Touches no Redis keys.
 
-use crate::commands::guardian::{cloexec_pipe, Event};
+use crate::commands::guardian::{cloexec_pipe, Event, Handle};
+use crate::process::liveness::Liveness;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::ffi::{OsStr, OsString};
 use std::future::Future;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc::UnboundedReceiver;
 
 /// Time between TERM and KILL when a command's group is stopped.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
@@ -139,19 +142,92 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let Some((prog, _)) = spec.argv.split_first() else {
         return Exit::SpawnFailed("empty argv".into());
     };
+    if let Err(exit) = check_input(&spec, prog) {
+        return exit;
+    }
+    let env = command_env(&spec);
+    let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match open_pipes() {
+        Ok(p) => p,
+        Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: pipes: {e}")),
+    };
+    let budget = spec.keepalive.as_ref().and_then(|l| l.shepherd_budget());
+    let (handle, events) = match start(prog, &spec, &env, budget, vec![in_r, out_w, err_w]) {
+        Ok(started) => started,
+        Err(exit) => return exit,
+    };
+    // The guardian reports the start (the pid, which is also the group's id) and the exit; for
+    // a short command both come in one message, so nothing here waits for the start alone.
+    let mut cmd = Tracked {
+        events,
+        group: GroupGuard(None),
+        ended: None,
+    };
+    let keepalive = keepalives(spec.keepalive.as_ref(), budget, &handle);
+    tokio::pin!(keepalive);
+    let writer = write_stdin(in_w, spec.stdin.as_bytes());
+    // Lent to the stderr reader, which may be dropped after the drain: the lines it already
+    // read must still make the failure's message.
+    let tail: Mutex<Vec<String>> = Mutex::default();
+    let output = read_output(out_r, err_r, &tail);
+    tokio::pin!(output);
+    let mut output_done = false;
+    let mut killed: Option<String> = None;
+    // The command's end, with its output read meanwhile.
+    let status = {
+        let running = wait_or_stop(&mut cmd, keepalive.as_mut(), stop, &mut killed);
+        tokio::pin!(running);
+        loop {
+            tokio::select! {
+                st = &mut running => break st,
+                () = &mut output, if !output_done => output_done = true,
+            }
+        }
+    };
+    let status = match status {
+        Ok(st) => st,
+        Err(not) => {
+            if let Some(h) = writer {
+                h.abort();
+            }
+            return not_started(not, prog, &spec.env);
+        }
+    };
+    // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
+    // The guardian did so as it reaped the leader, before it reported the exit; this covers
+    // a guardian that went first (no exit reported).
+    if status.is_some() {
+        cmd.group.0 = None;
+    }
+    drop(cmd);
+    if !output_done {
+        drain(output).await;
+    }
+    if let Some(h) = writer {
+        h.abort();
+    }
+    let tail = std::mem::take(&mut *tail.lock().unwrap());
+    ended(prog, status, killed, tail)
+}
+
+/// Refuse what exec cannot carry before anything is started.
+fn check_input(spec: &Spec<'_>, prog: &str) -> Result<(), Exit> {
     // An environment variable cannot hold a NUL (the C string would end there): say which.
     if let Some((k, _)) = spec.env.iter().find(|(_, v)| v.contains('\0')) {
-        return Exit::BadInput(format!(
+        return Err(Exit::BadInput(format!(
             "{k} would hold a NUL byte, which an environment variable cannot carry"
-        ));
+        )));
     }
     if spec.argv.iter().any(|a| a.contains('\0')) {
-        return Exit::SpawnFailed(format!(
+        return Err(Exit::SpawnFailed(format!(
             "cannot start {prog:?}: nul byte found in provided data"
-        ));
+        )));
     }
-    // The worker's variables the command inherits (all, or the names allowed), then ours on
-    // top: each name once.
+    Ok(())
+}
+
+/// The worker's variables the command inherits (all, or the names allowed), then ours on
+/// top: each name once.
+fn command_env<'a>(spec: &'a Spec<'_>) -> Vec<(&'a OsStr, &'a OsStr)> {
     let base = base_env();
     let ours = |k: &OsStr| spec.env.iter().any(|(n, _)| OsStr::new(n) == k);
     let mut env: Vec<(&OsStr, &OsStr)> = Vec::with_capacity(base.len() + spec.env.len());
@@ -174,81 +250,83 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         ),
     }
     env.extend(spec.env.iter().map(|(k, v)| (OsStr::new(k), OsStr::new(v))));
-    let pipes = (|| Ok::<_, std::io::Error>((cloexec_pipe()?, cloexec_pipe()?, cloexec_pipe()?)))();
-    let ((in_r, in_w), (out_r, out_w), (err_r, err_w)) = match pipes {
-        Ok(p) => p,
-        Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: pipes: {e}")),
-    };
-    for fd in [&in_w, &out_r, &err_r] {
+    env
+}
+
+type Pipe = (OwnedFd, OwnedFd);
+
+/// stdin, stdout and stderr pipes; our ends (stdin's write end, the outputs' read ends)
+/// non-blocking for the runtime.
+fn open_pipes() -> std::io::Result<(Pipe, Pipe, Pipe)> {
+    let pipes = (cloexec_pipe()?, cloexec_pipe()?, cloexec_pipe()?);
+    for fd in [&pipes.0 .1, &pipes.1 .0, &pipes.2 .0] {
         nonblocking(fd);
     }
-    // The command is started by our guardian (guardian/), in a process group of its own, so
-    // the whole group can be killed: by us when the command is stopped, by the guardian when
-    // we die (SIGKILL, OOM) or freeze (its countdown, `budget`, runs out without a keepalive).
-    // Otherwise a recovered job would run beside its orphan, or a phase (and its ssh) run on
-    // unleased. argv goes to exec as it is: no shell parsing.
-    let budget = spec.keepalive.as_ref().and_then(|l| l.shepherd_budget());
-    let conn = match crate::commands::guardian::get() {
-        Ok(c) => c,
-        Err(e) => {
-            return Exit::SpawnFailed(format!("cannot start {prog:?}: no command guardian: {e}"))
-        }
-    };
-    let fds = vec![in_r, out_w, err_w];
-    let Ok((handle, events)) = conn.spawn(OsStr::new(prog), spec.argv, &env, budget, fds) else {
-        return Exit::SpawnFailed(format!(
-            "cannot start {prog:?}: the command guardian exited"
-        ));
-    };
-    // The guardian reports the start (the pid, which is also the group's id) and the exit; for
-    // a short command both come in one message, so nothing here waits for the start alone.
-    let mut cmd = Tracked {
-        events,
-        group: GroupGuard(None),
-        ended: None,
-    };
-    // Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how
-    // long this command may go on. Nothing is sent while the lease is lapsed, so the
-    // countdown runs out.
-    let keepalive = async {
-        match spec.keepalive.as_ref().filter(|_| budget.is_some()) {
-            Some(lv) => loop {
-                lv.changed().await;
-                if !lv.is_live() {
-                    continue;
-                }
-                if let Some(n) = lv.shepherd_budget() {
-                    handle.keepalive(n);
-                }
-            },
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(keepalive);
-    // The payload usually fits the pipe's buffer: written here, with no task and no poller
-    // registration. A command that never reads stdin must not block us: the rest (if any) is
-    // written from a task, EPIPE ignored.
-    let writer = {
-        let input = spec.stdin.as_bytes();
-        let done = write_now(&in_w, input);
-        (done < input.len()).then(|| {
-            let rest = input[done..].to_vec();
-            tokio::net::unix::pipe::Sender::from_owned_fd(in_w)
-                .ok()
-                .map(|mut stdin| {
-                    tokio::spawn(async move {
-                        let _ = stdin.write_all(&rest).await;
-                    })
-                })
+    Ok(pipes)
+}
+
+/// Hand the command to our guardian (guardian/), which starts it in a process group of its
+/// own, so the whole group can be killed: by us when the command is stopped, by the guardian
+/// when we die (SIGKILL, OOM) or freeze (its countdown, `budget`, runs out without a
+/// keepalive). Otherwise a recovered job would run beside its orphan, or a phase (and its
+/// ssh) run on unleased. argv goes to exec as it is: no shell parsing.
+fn start(
+    prog: &str,
+    spec: &Spec<'_>,
+    env: &[(&OsStr, &OsStr)],
+    budget: Option<u64>,
+    fds: Vec<OwnedFd>,
+) -> Result<(Handle, UnboundedReceiver<Event>), Exit> {
+    let conn = crate::commands::guardian::get().map_err(|e| {
+        Exit::SpawnFailed(format!("cannot start {prog:?}: no command guardian: {e}"))
+    })?;
+    conn.spawn(OsStr::new(prog), spec.argv, env, budget, fds)
+        .map_err(|()| {
+            Exit::SpawnFailed(format!(
+                "cannot start {prog:?}: the command guardian exited"
+            ))
         })
+}
+
+/// Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how long
+/// this command may go on. Nothing is sent while the lease is lapsed, so the countdown runs
+/// out. Never ends.
+async fn keepalives(lease: Option<&Liveness>, budget: Option<u64>, handle: &Handle) {
+    match lease.filter(|_| budget.is_some()) {
+        Some(lv) => loop {
+            lv.changed().await;
+            if !lv.is_live() {
+                continue;
+            }
+            if let Some(n) = lv.shepherd_budget() {
+                handle.keepalive(n);
+            }
+        },
+        None => std::future::pending().await,
     }
-    .flatten();
-    // Lent to the stderr reader, which may be dropped after the drain: the lines it already
-    // read must still make the failure's message.
-    let tail: Mutex<Vec<String>> = Mutex::default();
-    // Both output streams are read right here, in this future (no task each, no wake-up
-    // handed between tasks): they are polled whenever it is, so in its job's log context.
-    // Our own pipes' read ends, already non-blocking: tokio need not fstat and fcntl them.
+}
+
+/// The payload usually fits the pipe's buffer: written here, with no task and no poller
+/// registration. A command that never reads stdin must not block us: the rest (if any) is
+/// written from a task, EPIPE ignored.
+fn write_stdin(in_w: OwnedFd, input: &[u8]) -> Option<tokio::task::JoinHandle<()>> {
+    let done = write_now(&in_w, input);
+    if done == input.len() {
+        return None;
+    }
+    let rest = input[done..].to_vec();
+    let mut stdin = tokio::net::unix::pipe::Sender::from_owned_fd(in_w).ok()?;
+    Some(tokio::spawn(async move {
+        let _ = stdin.write_all(&rest).await;
+    }))
+}
+
+/// Both output streams, read right here in the command's future (no task each, no wake-up
+/// handed between tasks): they are polled whenever it is, so in its job's log context.
+/// stderr's last non-empty lines are kept in `tail`. Our own pipes' read ends are already
+/// non-blocking: tokio need not fstat and fcntl them.
+async fn read_output(out_r: OwnedFd, err_r: OwnedFd, tail: &Mutex<Vec<String>>) {
+    use futures::future::OptionFuture;
     let out = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(out_r)
         .ok()
         .map(|s| {
@@ -259,7 +337,6 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
     let err = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(err_r)
         .ok()
         .map(|s| {
-            let tail = &tail;
             read_lines(s, move |line| {
                 tracing::info!(stream = "stderr", "{line}");
                 if !line.trim().is_empty() {
@@ -271,98 +348,85 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
                 }
             })
         });
-    let output = async move {
-        use futures::future::OptionFuture;
-        tokio::join!(OptionFuture::from(out), OptionFuture::from(err));
-    };
-    tokio::pin!(output);
-    let mut output_done = false;
+    tokio::join!(OptionFuture::from(out), OptionFuture::from(err));
+}
 
-    let mut killed: Option<String> = None;
-    tokio::pin!(stop);
-    // The command's end, with its output read meanwhile.
-    let status = {
-        let running = async {
-            tokio::select! {
-                st = cmd.exit() => st,
-                _ = &mut keepalive => Ok(None),
-                st = &mut stop => {
-                    killed = Some(st.why);
-                    let first = if st.grace.is_zero() { Signal::SIGKILL } else { Signal::SIGTERM };
-                    let graceful = async {
-                        // A stop right after the spawn may come before the guardian named the pid.
-                        if let Some(pg) = cmd.pid().await? {
-                            let _ = killpg(pg, first);
-                        }
-                        tokio::select! {
-                            st = cmd.exit() => st,
-                            _ = &mut keepalive => Ok(None),
-                        }
-                    };
-                    match tokio::time::timeout(st.grace, graceful).await {
-                        Ok(st) => st,
-                        Err(_) => {
-                            // Also when the start was not reported within the grace (a zero
-                            // grace gives it no time at all): KILL as soon as it is.
-                            if let Some(pg) = cmd.pid().await? {
-                                let _ = killpg(pg, Signal::SIGKILL);
-                            }
-                            cmd.exit().await
-                        }
-                    }
-                }
-            }
-        };
-        tokio::pin!(running);
-        loop {
-            tokio::select! {
-                st = &mut running => break st,
-                () = &mut output, if !output_done => output_done = true,
-            }
+/// The leader's exit, or, once `stop` resolves, its group stopped: TERM (KILL for a zero
+/// grace), then KILL after the grace. `killed` records why. Ok(None): the guardian went first.
+async fn wait_or_stop(
+    cmd: &mut Tracked,
+    mut keepalive: Pin<&mut impl Future<Output = ()>>,
+    stop: impl Future<Output = Stop>,
+    killed: &mut Option<String>,
+) -> Result<Option<std::process::ExitStatus>, NotStarted> {
+    let st = tokio::select! {
+        st = cmd.exit() => return st,
+        _ = &mut keepalive => return Ok(None),
+        st = stop => st,
+    };
+    *killed = Some(st.why);
+    let first = if st.grace.is_zero() {
+        Signal::SIGKILL
+    } else {
+        Signal::SIGTERM
+    };
+    let graceful = async {
+        // A stop right after the spawn may come before the guardian named the pid.
+        if let Some(pg) = cmd.pid().await? {
+            let _ = killpg(pg, first);
+        }
+        tokio::select! {
+            st = cmd.exit() => st,
+            _ = &mut keepalive => Ok(None),
         }
     };
-    let status = match status {
-        Ok(st) => st,
-        Err(NotStarted { errno, message }) => {
-            if let Some(h) = writer {
-                h.abort();
-            }
-            if errno == nix::libc::E2BIG {
-                let e = std::io::Error::from_raw_os_error(errno);
-                let bytes: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
-                return Exit::BadInput(format!(
-                    "cannot start {prog:?}: the job's arguments are too large for exec \
-                     ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
-                ));
-            }
-            let e = if errno > 0 {
-                std::io::Error::from_raw_os_error(errno).to_string()
-            } else {
-                message
-            };
-            return Exit::SpawnFailed(format!("cannot start {prog:?}: {e}"));
-        }
-    };
-    // Whatever the leader did, leave nothing of its group behind (no orphans holding pipes).
-    // The guardian did so as it reaped the leader, before it reported the exit; this covers
-    // a guardian that went first (no exit reported).
-    if status.is_some() {
-        cmd.group.0 = None;
+    if let Ok(st) = tokio::time::timeout(st.grace, graceful).await {
+        return st;
     }
-    drop(cmd);
-    if !output_done
-        && tokio::time::timeout(OUTPUT_DRAIN, &mut output)
-            .await
-            .is_err()
-    {
+    // Also when the start was not reported within the grace (a zero grace gives it no time
+    // at all): KILL as soon as it is.
+    if let Some(pg) = cmd.pid().await? {
+        let _ = killpg(pg, Signal::SIGKILL);
+    }
+    cmd.exit().await
+}
+
+/// What a command the guardian could not start ends as.
+fn not_started(not: NotStarted, prog: &str, env: &[(String, String)]) -> Exit {
+    let NotStarted { errno, message } = not;
+    if errno == nix::libc::E2BIG {
+        let e = std::io::Error::from_raw_os_error(errno);
+        let bytes: usize = env.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+        return Exit::BadInput(format!(
+            "cannot start {prog:?}: the job's arguments are too large for exec \
+             ({bytes} bytes of PLAYGUARD_* environment; Linux allows 128 KiB per variable): {e}"
+        ));
+    }
+    let e = if errno > 0 {
+        std::io::Error::from_raw_os_error(errno).to_string()
+    } else {
+        message
+    };
+    Exit::SpawnFailed(format!("cannot start {prog:?}: {e}"))
+}
+
+/// After the leader exited, its output gets OUTPUT_DRAIN to reach EOF.
+async fn drain(output: Pin<&mut impl Future<Output = ()>>) {
+    if tokio::time::timeout(OUTPUT_DRAIN, output).await.is_err() {
         tracing::warn!(
             "the command exited, but a process it started outside its group still holds its output open; no longer reading it"
         );
     }
-    if let Some(h) = writer {
-        h.abort();
-    }
-    let tail = std::mem::take(&mut *tail.lock().unwrap());
+}
+
+/// What a command that ran ends as: killed by us, a success, a failure named by its last
+/// stderr line, or lost with its guardian.
+fn ended(
+    prog: &str,
+    status: Option<std::process::ExitStatus>,
+    killed: Option<String>,
+    tail: Vec<String>,
+) -> Exit {
     if let Some(why) = killed {
         return Exit::Killed { why };
     }

@@ -199,19 +199,6 @@ impl ReleaseGuard {
         self.release(why).await;
     }
 
-    /// The lock can no longer be proven ours: recorded as `lock_lost`, then released.
-    async fn lost(&mut self, phase: Option<&str>, error: &str) {
-        self.end(End::LockLost, phase, Some(error), "lock lost")
-            .await;
-    }
-
-    /// The process's liveness lease lapsed: the job goes back, recorded as interrupted.
-    async fn lapsed(&mut self, phase: Option<&str>) {
-        let why = "liveness lease lapsed";
-        self.end(End::Interrupted, phase, Some(why), "liveness lapsed")
-            .await;
-    }
-
     /// Release the lease after the last phase, proving it was ours through that phase
     /// (`Lease::release_proving`). On `Err` the lease is gone, unless Redis could not be
     /// asked: then it is still held, for [`ReleaseGuard::lost`] to release.
@@ -279,11 +266,9 @@ impl Handler for Cycle {
     }
 }
 
-async fn run_cycle(
-    lock: LockConfig,
-    phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
-    ctx: JobContext,
-) -> Outcome {
+type Phases = Vec<(Arc<dyn Phase>, Option<Duration>)>;
+
+async fn run_cycle(lock: LockConfig, phases: Phases, ctx: JobContext) -> Outcome {
     // Job data must not pick another key (`9:fence`, another class's lock): refused before
     // any Redis write, and dead at once, since no retry can change the arguments.
     let key = match render_key(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args) {
@@ -302,24 +287,48 @@ async fn run_cycle(
         .as_deref()
         .map(|l| render_template(l, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args))
         .unwrap_or_else(|| key.clone());
+    let held = match take_lock(&lock, &key, &label, &ctx).await {
+        Ok(h) => h,
+        Err(outcome) => return outcome,
+    };
+    let mut run = Running {
+        fence: held.fence(),
+        guard: ReleaseGuard { lease: Some(held) },
+        ctx: &ctx,
+        key: &key,
+        label: &label,
+        last: None,
+    };
+    let ending = run.phases(&lock, &phases).await;
+    run.finish(ending).await
+}
+
+/// Take the token lock, then its fence and ledger row. Err: the job's outcome without a
+/// cycle (already locked: done, no retry; Redis or PostgreSQL failed: retried).
+async fn take_lock(
+    lock: &LockConfig,
+    key: &str,
+    label: &str,
+    ctx: &JobContext,
+) -> Result<Held, Outcome> {
     let holder = ctx.locks_record.as_deref().map(|record| lock::Holder {
         record: record.to_string(),
         jid: ctx.jid.to_string(),
         class: ctx.class.to_string(),
-        label: lock.label.as_ref().map(|_| label.clone()),
+        label: lock.label.as_ref().map(|_| label.to_string()),
     });
-    let lease = match lock::acquire_as(&ctx.redis, &key, lock.ttl, holder.as_ref()).await {
+    let lease = match lock::acquire_as(&ctx.redis, key, lock.ttl, holder.as_ref()).await {
         Ok(Some(l)) => l,
         Ok(None) => {
             ctx.metrics.lock_event(&ctx.class, "skipped");
             tracing::info!(lock_key = %key, "{label} is already locked; skipping this run (no retry)");
-            return Outcome::Done;
+            return Err(Outcome::Done);
         }
         Err(e) => {
-            return Outcome::Failed(Failure::new(
+            return Err(Outcome::Failed(Failure::new(
                 error_class::LOCK_ERROR,
                 format!("cannot take lock {key}: {e}"),
-            ));
+            )));
         }
     };
     // The fence (Redis or PostgreSQL) and the ledger row; fail closed: without them, no phase.
@@ -333,167 +342,286 @@ async fn run_cycle(
             let db = ctx.db.as_ref().map(|d| d.shown_url()).unwrap_or("-");
             tracing::warn!(lock_key = %key, error = %e, database = %db,
                 "{label}: could not record the acquisition in PostgreSQL; lock released, the job is retried");
-            return Outcome::Failed(Failure::new(
+            return Err(Outcome::Failed(Failure::new(
                 error_class::LOCK_ERROR,
                 format!("cannot record lock {key} in PostgreSQL: {e}"),
-            ));
+            )));
         }
     };
-    let fence = held.fence();
     ctx.metrics.lock_event(&ctx.class, "acquired");
-    tracing::info!(lock_key = %key, fence, cycle_id = ?held.cycle_id(), ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
-    let mut guard = ReleaseGuard { lease: Some(held) };
-    let half_ttl = lock.ttl / 2;
-    // The phase the cycle is in, or last finished: the ledger's `phase`.
-    let mut last: Option<String> = None;
-    for (i, (phase, timeout)) in phases.iter().enumerate() {
-        let name = phase.name().to_string();
-        if ctx.shutdown.is_stopping() {
+    tracing::info!(lock_key = %key, fence = held.fence(), cycle_id = ?held.cycle_id(), ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
+    Ok(held)
+}
+
+/// How a cycle ends, whichever way: what the ledger records (while the lock is still ours),
+/// why the lock is released, and what becomes of the job. Every way out of a cycle goes
+/// through `Running::finish` with one of these.
+struct Ending {
+    end: End,
+    phase: Option<String>,
+    error: Option<String>,
+    why: &'static str,
+    then: Then,
+}
+
+/// The job's outcome once the cycle ended.
+enum Then {
+    Is(Outcome),
+    /// Done, unless the process's liveness lease lapsed by then: the job goes back (the sweep
+    /// may already have it), so its Marquee is not left to the next tick.
+    DoneUnlessLapsed,
+}
+
+impl Ending {
+    fn shutdown(phase: Option<&str>) -> Ending {
+        Ending::new(End::Interrupted, phase, None, "shutdown", Outcome::Requeue)
+    }
+
+    /// The process's liveness lease lapsed: the job goes back, recorded as interrupted.
+    fn lapsed(phase: Option<&str>) -> Ending {
+        let error = Some("liveness lease lapsed".to_string());
+        Ending::new(
+            End::Interrupted,
+            phase,
+            error,
+            "liveness lapsed",
+            Outcome::Requeue,
+        )
+    }
+
+    /// The lock can no longer be proven ours: recorded as `lock_lost`, then released.
+    fn lost(phase: Option<&str>, error: String, then: Then) -> Ending {
+        Ending {
+            then,
+            ..Ending::new(
+                End::LockLost,
+                phase,
+                Some(error),
+                "lock lost",
+                Outcome::Done,
+            )
+        }
+    }
+
+    fn new(
+        end: End,
+        phase: Option<&str>,
+        error: Option<String>,
+        why: &'static str,
+        outcome: Outcome,
+    ) -> Ending {
+        Ending {
+            end,
+            phase: phase.map(str::to_string),
+            error,
+            why,
+            then: Then::Is(outcome),
+        }
+    }
+}
+
+/// A cycle that holds its lock: the phases run through it, and it ends through `finish`.
+struct Running<'a> {
+    ctx: &'a JobContext,
+    key: &'a str,
+    label: &'a str,
+    fence: i64,
+    guard: ReleaseGuard,
+    /// The phase the cycle is in, or last finished: the ledger's `phase`.
+    last: Option<String>,
+}
+
+impl Running<'_> {
+    /// Phase after phase, each checked at its boundary, judged at its end and proven by a
+    /// renewal (or, after the last, by the release).
+    async fn phases(&mut self, lock: &LockConfig, phases: &Phases) -> Ending {
+        for (i, (phase, timeout)) in phases.iter().enumerate() {
+            let name = phase.name().to_string();
+            if let Some(ending) = self.at_boundary(&name) {
+                return ending;
+            }
+            self.last = Some(name.clone());
+            let (end, took) = self.run_one(phase, *timeout, (i, phases.len()), lock).await;
+            if let Some(ending) = self.judge(&name, end, took) {
+                return ending;
+            }
+            if let Some(ending) = self.prove(&name, i + 1 == phases.len()).await {
+                return ending;
+            }
+        }
+        Ending::new(
+            End::Complete,
+            self.last.as_deref(),
+            None,
+            "cycle complete",
+            Outcome::Done,
+        )
+    }
+
+    /// Whether the next phase may start: not at shutdown, not with a lapsed liveness lease,
+    /// not without lease time left.
+    fn at_boundary(&self, name: &str) -> Option<Ending> {
+        let last = self.last.as_deref();
+        if self.ctx.shutdown.is_stopping() {
             tracing::info!(next_phase = %name, "shutdown: stopping at the phase boundary");
-            guard
-                .end(End::Interrupted, last.as_deref(), None, "shutdown")
-                .await;
-            return Outcome::Requeue;
+            return Some(Ending::shutdown(last));
         }
-        if ctx.liveness.lapsed() {
+        if self.ctx.liveness.lapsed() {
             tracing::warn!(next_phase = %name, "liveness lease lapsed: stopping at the phase boundary");
-            guard.lapsed(last.as_deref()).await;
-            ctx.set_phase(None);
-            return Outcome::Requeue;
+            return Some(Ending::lapsed(last));
         }
-        let lease = &guard.lease.as_ref().expect("held between phases").lease;
-        let lease_deadline = lease.deadline();
-        if lease.remaining().is_zero() {
-            // A slow renewal ate the whole lease: starting a phase now would be unguarded.
-            ctx.metrics.lock_event(&ctx.class, "lost");
-            tracing::warn!(next_phase = %name, lock_key = %key,
-                "aborted: lock lost (no lease time left to start the phase)");
-            guard
-                .lost(
-                    last.as_deref(),
-                    "no lease time left to start the next phase",
-                )
-                .await;
-            ctx.set_phase(None);
-            return Outcome::Done;
+        let lease = &self
+            .guard
+            .lease
+            .as_ref()
+            .expect("held between phases")
+            .lease;
+        if !lease.remaining().is_zero() {
+            return None;
         }
-        last = Some(name.clone());
+        // A slow renewal ate the whole lease: starting a phase now would be unguarded.
+        self.ctx.metrics.lock_event(&self.ctx.class, "lost");
+        tracing::warn!(next_phase = %name, lock_key = %self.key,
+            "aborted: lock lost (no lease time left to start the phase)");
+        let error = "no lease time left to start the next phase".to_string();
+        Some(Ending::lost(last, error, Then::Is(Outcome::Done)))
+    }
+
+    /// Run phase `step.0` of `step.1` until it ends or is stopped; how it ended and how long
+    /// it took.
+    async fn run_one(
+        &self,
+        phase: &Arc<dyn Phase>,
+        timeout: Option<Duration>,
+        step: (usize, usize),
+        lock: &LockConfig,
+    ) -> (PhaseEnd, Duration) {
+        let ctx = self.ctx;
+        let name = phase.name();
+        let lease_deadline = self.guard.lease.as_ref().expect("held").lease.deadline();
         let started = Instant::now();
         let stop_at = match timeout {
-            Some(t) => lease_deadline.min(started + *t),
+            Some(t) => lease_deadline.min(started + t),
             None => lease_deadline,
         };
-        ctx.set_phase(Some(&name));
-        tracing::info!(phase = %name, step = i + 1, of = phases.len(), fence, "phase start");
+        ctx.set_phase(Some(name));
+        tracing::info!(phase = %name, step = step.0 + 1, of = step.1, fence = self.fence, "phase start");
         let mut job = ctx.clone();
         job.slot = None;
         let pctx = PhaseContext {
             job,
-            phase: name.clone(),
-            lock_key: key.clone(),
-            fence,
+            phase: name.to_string(),
+            lock_key: self.key.to_string(),
+            fence: self.fence,
             lease_deadline,
             stop_at,
         };
         // Phase output lines carry the jid (job scope), the guarded thing and the phase.
-        let span = tracing::info_span!("phase", lock = %label, phase = %name);
+        let span = tracing::info_span!("phase", lock = %self.label, phase = %name);
         let end = run_phase(phase.clone(), pctx).instrument(span).await;
         let took = started.elapsed();
         ctx.metrics
-            .phase_finished(&ctx.class, &name, took.as_secs_f64());
+            .phase_finished(&ctx.class, name, took.as_secs_f64());
         tracing::info!(phase = %name, elapsed_ms = took.as_millis() as u64, result = ?end, "phase end");
-        if took > half_ttl {
+        if took > lock.ttl / 2 {
             tracing::warn!(phase = %name, elapsed_ms = took.as_millis() as u64, ttl_ms = lock.ttl.as_millis() as u64,
                 "phase took more than half the lock ttl; raise ttl_secs or split the phase");
         }
-        match end {
-            PhaseEnd::Ok => {}
+        (end, took)
+    }
+
+    /// What a phase's end means for the cycle: None goes on to the renewal.
+    fn judge(&self, name: &str, end: PhaseEnd, took: Duration) -> Option<Ending> {
+        let phase = Some(name);
+        Some(match end {
+            PhaseEnd::Ok => return None,
             PhaseEnd::Failed(f) => {
-                guard
-                    .end(End::Failed, Some(&name), Some(&f.message), "phase failed")
-                    .await;
-                ctx.set_phase(None);
-                return Outcome::Failed(f);
+                let error = Some(f.message.clone());
+                Ending::new(
+                    End::Failed,
+                    phase,
+                    error,
+                    "phase failed",
+                    Outcome::Failed(f),
+                )
             }
             PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
                 let message = format!("phase {name} timed out after {:.1}s", took.as_secs_f64());
-                guard
-                    .end(End::Failed, Some(&name), Some(&message), "phase timeout")
-                    .await;
-                ctx.set_phase(None);
-                return Outcome::Failed(Failure::new(error_class::TIMEOUT_ERROR, message));
+                let f = Failure::new(error_class::TIMEOUT_ERROR, message.clone());
+                Ending::new(
+                    End::Failed,
+                    phase,
+                    Some(message),
+                    "phase timeout",
+                    Outcome::Failed(f),
+                )
             }
-            PhaseEnd::Stopped(StopCause::Shutdown) => {
-                guard
-                    .end(End::Interrupted, Some(&name), None, "shutdown")
-                    .await;
-                return Outcome::Requeue;
-            }
+            PhaseEnd::Stopped(StopCause::Shutdown) => Ending::shutdown(phase),
             PhaseEnd::Stopped(StopCause::Liveness) => {
-                tracing::warn!(phase = %name, lock_key = %key,
+                tracing::warn!(phase = %name, lock_key = %self.key,
                     "liveness lease lapsed: phase killed, job handed back");
-                guard.lapsed(Some(&name)).await;
-                ctx.set_phase(None);
-                return Outcome::Requeue;
+                Ending::lapsed(phase)
             }
             PhaseEnd::Stopped(StopCause::LeaseDeadline) => {
-                ctx.metrics.lock_event(&ctx.class, "lost");
-                tracing::warn!(phase = %name, lock_key = %key,
+                self.ctx.metrics.lock_event(&self.ctx.class, "lost");
+                tracing::warn!(phase = %name, lock_key = %self.key,
                     "aborted: lock lost (the phase outlived its lease and was killed)");
-                guard
-                    .lost(Some(&name), "the phase outlived its lease and was killed")
-                    .await;
-                return Outcome::Done;
+                let error = "the phase outlived its lease and was killed".to_string();
+                Ending::lost(phase, error, Then::Is(Outcome::Done))
             }
-        }
-        // After the last phase no lease is needed, only the proof that the phase ran under it.
-        // Without a database (no fence to check there, no ledger row to write while the lock
-        // is ours) that proof is the release itself: its compare-and-DEL makes the renewal's
-        // comparison of our token, so the cycle's last renewal is folded into it (one round
-        // trip fewer per cycle, the same verdict).
-        if i + 1 == phases.len() && guard.lease.as_ref().is_some_and(|h| h.release_proves()) {
-            ctx.set_phase(None);
-            let Err(lost) = guard.release_proving().await else {
-                return Outcome::Done;
+        })
+    }
+
+    /// Renew after the phase, not before: this proves we held the lock through it (and, with
+    /// database fences, that playguard_fences still holds our fence). None: go on.
+    ///
+    /// After the last phase no lease is needed, only the proof that the phase ran under it.
+    /// Without a database (no fence to check there, no ledger row to write while the lock is
+    /// ours) that proof is the release itself: its compare-and-DEL makes the renewal's
+    /// comparison of our token, so the cycle's last renewal is folded into it (one round trip
+    /// fewer per cycle, the same verdict).
+    async fn prove(&mut self, name: &str, last: bool) -> Option<Ending> {
+        let held = self.guard.lease.as_mut().expect("held between phases");
+        let lost = if last && held.release_proves() {
+            self.ctx.set_phase(None);
+            let Err(lost) = self.guard.release_proving().await else {
+                let last = self.last.as_deref();
+                return Some(Ending::new(
+                    End::Complete,
+                    last,
+                    None,
+                    "cycle complete",
+                    Outcome::Done,
+                ));
             };
-            ctx.metrics.lock_event(&ctx.class, "lost");
-            tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
-                "aborted: lock lost; no further phase starts");
-            if guard.lease.is_some() {
-                // Redis could not be asked: the key may still be ours; release it as after a
-                // failed renewal.
-                guard.lost(Some(&name), &lost.to_string()).await;
-            } else {
-                tracing::info!(lock_key = %key,
-                    "lock was no longer ours at release (lock lost); the newer owner's lock is untouched");
-            }
-            if ctx.liveness.lapsed() {
-                return Outcome::Requeue;
-            }
-            return Outcome::Done;
+            lost.to_string()
+        } else {
+            held.renew().await.err()?.to_string()
+        };
+        self.ctx.metrics.lock_event(&self.ctx.class, "lost");
+        tracing::warn!(phase = %name, lock_key = %self.key, reason = %lost,
+            "aborted: lock lost; no further phase starts");
+        // After a failed release the lock is still held only when Redis could not be asked:
+        // the key may still be ours, and is released as after a failed renewal.
+        if self.guard.lease.is_none() {
+            tracing::info!(lock_key = %self.key,
+                "lock was no longer ours at release (lock lost); the newer owner's lock is untouched");
         }
-        // Renew after the phase, not before: this proves we held the lock through it (and,
-        // with database fences, that playguard_fences still holds our fence).
-        let held = guard.lease.as_mut().expect("held between phases");
-        if let Err(lost) = held.renew().await {
-            ctx.metrics.lock_event(&ctx.class, "lost");
-            tracing::warn!(phase = %name, lock_key = %key, reason = %lost,
-                "aborted: lock lost; no further phase starts");
-            guard.lost(Some(&name), &lost.to_string()).await;
-            ctx.set_phase(None);
-            // Unreachable Redis long enough to lapse our liveness: the job goes back (the
-            // sweep may already have it), so the Marquee is not left to the next tick.
-            if ctx.liveness.lapsed() {
-                return Outcome::Requeue;
-            }
-            return Outcome::Done;
+        Some(Ending::lost(Some(name), lost, Then::DoneUnlessLapsed))
+    }
+
+    /// The one way out of a held cycle: record, release, clear the phase, then the outcome.
+    async fn finish(mut self, e: Ending) -> Outcome {
+        self.guard
+            .end(e.end, e.phase.as_deref(), e.error.as_deref(), e.why)
+            .await;
+        self.ctx.set_phase(None);
+        match e.then {
+            Then::Is(outcome) => outcome,
+            Then::DoneUnlessLapsed if self.ctx.liveness.lapsed() => Outcome::Requeue,
+            Then::DoneUnlessLapsed => Outcome::Done,
         }
     }
-    ctx.set_phase(None);
-    guard
-        .end(End::Complete, last.as_deref(), None, "cycle complete")
-        .await;
-    Outcome::Done
 }
 
 /// Run one phase on its own task (a panic is contained), abandoning it if it ignores its stop.

@@ -7,6 +7,7 @@ use crate::job::handler::Registry;
 use crate::loops::{heartbeat, periodic, scheduled, sweeper};
 use crate::manager;
 use crate::manifest::jobs as manifest_jobs;
+use crate::manifest::PeriodicSpec;
 use crate::process::shutdown::Shutdown;
 use crate::process::slots::SlotTable;
 use crate::worker::config::Config;
@@ -206,13 +207,32 @@ pub async fn run(config: Config, registry: Registry) -> Result<(), StartError> {
 }
 
 /// Run a worker that stops when `shutdown` says so (for embedding and tests); with
-/// `Signals::Handle` it also listens for TERM/INT/TSTP/TTIN.
+/// `Signals::Handle` it also listens for TERM/INT/TSTP/TTIN. As Sidekiq's Launcher: build the
+/// worker, start its loops, run the manager until fetching stops, then stop.
 pub async fn run_with(
     config: Config,
-    mut registry: Registry,
+    registry: Registry,
     shutdown: Shutdown,
     signals: Signals,
 ) -> Result<(), StartError> {
+    let (worker, periodic) = build(config, registry, shutdown).await?;
+    let loops = start(&worker, signals, periodic).await;
+    let slots = Arc::new(Semaphore::new(worker.config.concurrency));
+    let credits_total = manager::credits(&worker);
+    let credits = Arc::new(Semaphore::new(credits_total));
+    manager::run(worker.clone(), slots, credits.clone()).await;
+    tracing::info!("fetching stopped");
+    stop(&worker, loops, &credits, credits_total).await;
+    Ok(())
+}
+
+/// The manifest's jobs in the registry, Redis and PostgreSQL reached, the worker made and its
+/// metrics served. Also the manifest's periodic schedules, for `start`.
+async fn build(
+    config: Config,
+    mut registry: Registry,
+    shutdown: Shutdown,
+) -> Result<(Arc<Worker>, Vec<PeriodicSpec>), StartError> {
     let manifest =
         manifest_jobs::load_manifest(&config.jobs_dir, &registry).map_err(StartError::Config)?;
     manifest_jobs::register_manifest(&mut registry, &manifest);
@@ -228,17 +248,50 @@ pub async fn run_with(
         Some(p) => format!("{version} at primary {p}"),
         None => version,
     };
-
     let identity = crate::process::identity::new_identity();
     let db = open_database(&config, &identity).await?;
+    let worker = Arc::new(new_worker(
+        config,
+        registry,
+        shutdown,
+        (client, conn),
+        db,
+        identity,
+    ));
+    if let Some(addr) = worker.config.metrics_addr {
+        crate::metrics::server::serve(
+            addr,
+            worker.metrics.clone(),
+            worker.config.beat_interval.as_millis() as i64,
+        )
+        .await
+        .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
+    }
+    tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
+        queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
+        classes = %worker.registry.classes().join(","), "playguard starting");
+    Ok((worker, manifest.periodic))
+}
 
+/// The worker's shared state: its fetch strategy, liveness lease (only a fetch with orphan
+/// recovery needs a lease to stop before), metrics and slot table.
+fn new_worker(
+    config: Config,
+    registry: Registry,
+    shutdown: Shutdown,
+    (client, conn): (
+        crate::connections::redis_conn::Client,
+        crate::connections::redis_conn::Conn,
+    ),
+    db: Option<crate::connections::db::Db>,
+    identity: String,
+) -> Worker {
     let fetch = crate::fetch::FetchStrategy::new(
         config.reliable_fetch,
         &identity,
         conn.clone(),
         shutdown.clone(),
     );
-    // Only a fetch with orphan recovery needs a lease to stop before.
     let liveness = if fetch.recovers_orphans() {
         crate::process::liveness::Liveness::new()
     } else {
@@ -247,7 +300,7 @@ pub async fn run_with(
     let metrics = Arc::new(crate::metrics::prometheus::Metrics::default());
     metrics.know_classes(registry.classes());
     let locks_record = Worker::locks_record_for(&identity, &fetch);
-    let worker = Arc::new(Worker {
+    let worker = Worker {
         locks_record,
         client,
         conn,
@@ -261,28 +314,28 @@ pub async fn run_with(
         fetch,
         liveness,
         config,
-    });
+    };
     worker.metrics.attach_slots(&worker.slots);
     worker.metrics.concurrency.store(
         worker.config.concurrency as i64,
         std::sync::atomic::Ordering::Relaxed,
     );
-    if let Some(addr) = worker.config.metrics_addr {
-        crate::metrics::server::serve(
-            addr,
-            worker.metrics.clone(),
-            worker.config.beat_interval.as_millis() as i64,
-        )
-        .await
-        .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
-    }
-    tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
-        queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
-        classes = %worker.registry.classes().join(","), "playguard starting");
+    worker
+}
 
+/// The loops a running worker has beside its manager.
+struct Loops {
+    signals: tokio::task::JoinHandle<()>,
+    beat: tokio::task::JoinHandle<()>,
+    side: tokio::task::JoinSet<()>,
+}
+
+/// Listen for signals, land the first heartbeat, then start the heartbeat loop, the sweeper,
+/// the scheduled poller and one periodic loop per schedule.
+async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpec>) -> Loops {
     let root = crate::logging::root().clone();
     let worker2 = worker.clone();
-    let signal_task = tokio::spawn(
+    let signals = tokio::spawn(
         async move {
             if signals == Signals::Handle {
                 listen_for_signals(worker2).await
@@ -290,32 +343,37 @@ pub async fn run_with(
         }
         .instrument(root.clone()),
     );
-    let info = heartbeat::info_json(&worker, crate::job::payload::now_f64());
+    let info = heartbeat::info_json(worker, crate::job::payload::now_f64());
     // Beat before fetching: with reliable fetch our working lists must be registered (and
     // claimed by a live process) before they hold anything, or a crash could orphan them
     // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
-    while let Err(e) = beat_once(&worker, &info).await {
+    while let Err(e) = beat_once(worker, &info).await {
         tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             _ = worker.shutdown.quieted() => break,
         }
     }
-    let beat_task = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
+    let beat = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
     if worker.fetch.recovers_orphans() {
         side.spawn(sweeper::run(worker.clone()).instrument(root.clone()));
     }
     side.spawn(scheduled::run(worker.clone()).instrument(root.clone()));
-    for p in manifest.periodic.clone() {
+    for p in periodic {
         side.spawn(periodic::run(worker.clone(), p).instrument(root.clone()));
     }
+    Loops {
+        signals,
+        beat,
+        side,
+    }
+}
 
-    let slots = Arc::new(Semaphore::new(worker.config.concurrency));
-    let credits_total = manager::credits(&worker);
-    let credits = Arc::new(Semaphore::new(credits_total));
-    manager::run(worker.clone(), slots, credits.clone()).await;
-    tracing::info!("fetching stopped");
+/// Once fetching stopped: wait for every fetched job to end or be handed back (until the
+/// deadline and a backstop after it), stop the side loops, flush the acks, push leftovers
+/// back, and clear the heartbeat.
+async fn stop(worker: &Worker, mut loops: Loops, credits: &Semaphore, credits_total: usize) {
     worker.shutdown.stopped().await;
     let deadline = worker
         .shutdown
@@ -331,7 +389,7 @@ pub async fn run_with(
     {
         tracing::error!("some jobs did not finish after the deadline; exiting anyway");
     }
-    while side.join_next().await.is_some() {}
+    while loops.side.join_next().await.is_some() {}
     worker.fetch.finish_acks().await;
     match worker.fetch.drain(&worker.config.queues.names()).await {
         Ok(0) => {}
@@ -340,13 +398,12 @@ pub async fn run_with(
             tracing::error!(error = %e, "could not drain our working lists; the orphan sweep will")
         }
     }
-    beat_task.abort();
-    signal_task.abort();
-    if let Err(e) = heartbeat::clear(&worker).await {
+    loops.beat.abort();
+    loops.signals.abort();
+    if let Err(e) = heartbeat::clear(worker).await {
         tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");
     }
     tracing::info!("bye");
-    Ok(())
 }
 
 #[cfg(test)]

@@ -4,9 +4,11 @@
 
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::error_class;
-use crate::job::handler::{JobContext, Outcome};
+use crate::job::handler::{Handler, JobContext, Outcome};
 use crate::job::payload::Job;
 use crate::job::retry::{self, Decision, Failure};
+use crate::metrics::prometheus::{JobEnd, JobFate};
+use crate::process::liveness::JobLease;
 use crate::process::slots::SlotEntry;
 use crate::worker::Worker;
 use futures::FutureExt;
@@ -107,7 +109,7 @@ async fn run_job(
     started: Instant,
 ) {
     let Names { class, shown, jid } = names;
-    let lease = crate::process::liveness::JobLease {
+    let lease = JobLease {
         liveness: worker.liveness.clone(),
         epoch: f.epoch,
     };
@@ -118,11 +120,7 @@ async fn run_job(
         Box::pin(worker.fetch.requeue_logged(&f)).await;
         return;
     }
-    // Wall-clock seconds once, without a calendar (chrono's now() converts to one): `run_at`
-    // and, with the run's monotonic length added, the Metrics minute the run ended in.
-    let run_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
+    let run_at = wall_secs();
     let payload = job.raw.clone();
     let slot = Arc::new(worker.slots.begin(SlotEntry {
         queue: f.queue.clone(),
@@ -134,7 +132,6 @@ async fn run_job(
         started,
     }));
     lines.start();
-
     let handler = worker.registry.get(&class);
     let known = handler.is_some();
     let outcome = match handler {
@@ -158,72 +155,137 @@ async fn run_job(
                 locks_record: worker.locks_record.clone(),
                 slot: Some(slot.clone()),
             };
-            // A panic is caught and becomes a failure (retried the Sidekiq way). At the hard
-            // deadline a Rust handler is abandoned (its future dropped); command and phased
-            // jobs stop their process groups first and report Requeue themselves, within the
-            // kill grace. No task of its own: the fetch loop gives the job one only if it waits.
-            // Enough for the kill grace plus a lock release against a slow Redis (5 s reply
-            // deadline): the lock must be released before the payload is pushed back.
-            let grace = if h.stops_itself() {
-                STOPS_ITSELF_GRACE
-            } else {
-                std::time::Duration::ZERO
-            };
-            // perform() itself runs inside the guard too: a closure may panic before its
-            // async block starts. Its future is boxed already: the guard around it is not.
-            let perform = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.perform(ctx)));
-            let mut run: Run = match perform {
-                Ok(fut) => std::panic::AssertUnwindSafe(fut).catch_unwind(),
-                Err(p) => std::panic::AssertUnwindSafe(Box::pin(std::future::ready(
-                    Outcome::Failed(Failure::new(error_class::PANIC, panic_message(p))),
-                ))
-                    as crate::job::handler::BoxFuture<'static, Outcome>)
-                .catch_unwind(),
-            };
-            // The job first: one that is done at its first poll (most are) never arms the
-            // deadline's and the lease's watchers (a timer and two subscriptions), nor makes
-            // room for them in this future (which every job's task is built from).
-            let first = std::future::poll_fn(|cx| {
-                std::task::Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut run), cx))
-            })
-            .await;
-            match first {
-                std::task::Poll::Ready(r) => caught(r),
-                std::task::Poll::Pending => Box::pin(supervise(worker, &lease, run, grace)).await,
-            }
+            perform(worker, &lease, &*h, ctx).await
         }
     };
-    // A job that failed while our lease lapsed was most likely killed for it: it goes back
-    // (LREM-guarded, so not beside a copy the sweep recovered), not into the retry set.
-    let outcome = match outcome {
+    let took = started.elapsed();
+    let ran = Ran {
+        shown: &shown,
+        known,
+        // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
+        elapsed_ms: (took.as_secs_f64() * 10_000.0).round() / 10.0,
+    };
+    let outcome = handed_back_if_lapsed(outcome, &lease);
+    record(
+        worker,
+        &job,
+        &f.queue,
+        &ran,
+        &outcome,
+        run_at + took.as_secs() as i64,
+        took,
+    );
+    settle(worker, f, &job, outcome, &ran, &lease, lines).await;
+    drop(slot);
+}
+
+/// Wall-clock seconds once, without a calendar (chrono's now() converts to one): `run_at`
+/// and, with the run's monotonic length added, the Metrics minute the run ended in.
+fn wall_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// How a run went, for its metrics and its outcome's lines.
+struct Ran<'a> {
+    /// The class shown (logs, metrics).
+    shown: &'a str,
+    /// Whether a handler was registered for the class.
+    known: bool,
+    elapsed_ms: f64,
+}
+
+/// Run the handler to its end. A panic is caught and becomes a failure (retried the Sidekiq
+/// way). At the hard deadline a Rust handler is abandoned (its future dropped); command and
+/// phased jobs stop their process groups first and report Requeue themselves, within the kill
+/// grace. No task of its own: the fetch loop gives the job one only if it waits.
+async fn perform(worker: &Worker, lease: &JobLease, h: &dyn Handler, ctx: JobContext) -> Outcome {
+    // Enough for the kill grace plus a lock release against a slow Redis (5 s reply
+    // deadline): the lock must be released before the payload is pushed back.
+    let grace = if h.stops_itself() {
+        STOPS_ITSELF_GRACE
+    } else {
+        std::time::Duration::ZERO
+    };
+    // perform() itself runs inside the guard too: a closure may panic before its async block
+    // starts. Its future is boxed already: the guard around it is not.
+    let perform = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.perform(ctx)));
+    let mut run: Run = match perform {
+        Ok(fut) => std::panic::AssertUnwindSafe(fut).catch_unwind(),
+        Err(p) => std::panic::AssertUnwindSafe(Box::pin(std::future::ready(Outcome::Failed(
+            Failure::new(error_class::PANIC, panic_message(p)),
+        )))
+            as crate::job::handler::BoxFuture<'static, Outcome>)
+        .catch_unwind(),
+    };
+    // The job first: one that is done at its first poll (most are) never arms the deadline's
+    // and the lease's watchers (a timer and two subscriptions), nor makes room for them in
+    // this future (which every job's task is built from).
+    let first = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut run), cx))
+    })
+    .await;
+    match first {
+        std::task::Poll::Ready(r) => caught(r),
+        std::task::Poll::Pending => Box::pin(supervise(worker, lease, run, grace)).await,
+    }
+}
+
+/// A job that failed while our lease lapsed was most likely killed for it: it goes back
+/// (LREM-guarded, so not beside a copy the sweep recovered), not into the retry set.
+fn handed_back_if_lapsed(outcome: Outcome, lease: &JobLease) -> Outcome {
+    match outcome {
         Outcome::Failed(f) if lease.lapsed() => {
             tracing::warn!(error = %f.message, "liveness lease lapsed while the job ran: stopped, handing it back");
             Outcome::Requeue
         }
         o => o,
-    };
-    let took = started.elapsed();
-    // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
-    let ms = (took.as_secs_f64() * 10_000.0).round() / 10.0;
+    }
+}
+
+/// The run's Prometheus series and its Sidekiq Metrics-tab count (in the minute `ended_at`).
+fn record(
+    worker: &Worker,
+    job: &Job,
+    queue: &str,
+    ran: &Ran<'_>,
+    outcome: &Outcome,
+    ended_at: i64,
+    took: std::time::Duration,
+) {
     let end = match outcome {
-        Outcome::Done => crate::metrics::prometheus::JobEnd::Done,
-        Outcome::Failed(_) => crate::metrics::prometheus::JobEnd::Failed,
-        Outcome::Requeue => crate::metrics::prometheus::JobEnd::Requeued,
+        Outcome::Done => JobEnd::Done,
+        Outcome::Failed(_) => JobEnd::Failed,
+        Outcome::Requeue => JobEnd::Requeued,
     };
     worker
         .metrics
-        .job_finished(&shown, &f.queue, end, ms / 1000.0);
+        .job_finished(ran.shown, queue, end, ran.elapsed_ms / 1000.0);
     // Sidekiq's metrics middleware never sees a class whose constant lookup failed; a run
     // interrupted by shutdown counts as failed there (Sidekiq::Shutdown is an exception).
-    if known {
+    if ran.known {
         let failed = !matches!(outcome, Outcome::Done);
         worker.job_metrics.record(
-            run_at + took.as_secs() as i64,
-            crate::job::payload::class_of(&job),
+            ended_at,
+            crate::job::payload::class_of(job),
             failed,
             took.as_millis() as u64,
         );
     }
+}
+
+/// Write the outcome: ack, retry or dead with the ack, or the payload back on its queue.
+async fn settle(
+    worker: &Worker,
+    f: UnitOfWork,
+    job: &Job,
+    outcome: Outcome,
+    ran: &Ran<'_>,
+    lease: &JobLease,
+    lines: crate::logging::job_lines::JobLines,
+) {
+    let ms = ran.elapsed_ms;
     match outcome {
         Outcome::Done => {
             worker.slots.count(false);
@@ -232,22 +294,20 @@ async fn run_job(
         }
         Outcome::Failed(failure) => {
             worker.slots.count(true);
-            let decision = if known {
-                retry::decide(&job, &failure)
+            let decision = if ran.known {
+                retry::decide(job, &failure)
             } else {
-                retry::decide_unknown_class(&job, &failure)
+                retry::decide_unknown_class(job, &failure)
             };
-            let fate = match &decision {
-                Decision::Retry { .. } => "retry scheduled",
-                Decision::Dead { .. } => "retries exhausted: moved to dead",
-                Decision::Discard => "discarded (retry: false or dead: false)",
+            let (fate, counted) = match &decision {
+                Decision::Retry { .. } => ("retry scheduled", JobFate::Retried),
+                Decision::Dead { .. } => ("retries exhausted: moved to dead", JobFate::Dead),
+                Decision::Discard => (
+                    "discarded (retry: false or dead: false)",
+                    JobFate::Discarded,
+                ),
             };
-            let counted = match &decision {
-                Decision::Retry { .. } => crate::metrics::prometheus::JobFate::Retried,
-                Decision::Dead { .. } => crate::metrics::prometheus::JobFate::Dead,
-                Decision::Discard => crate::metrics::prometheus::JobFate::Discarded,
-            };
-            worker.metrics.job_fate(&shown, &f.queue, counted);
+            worker.metrics.job_fate(ran.shown, &f.queue, counted);
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
@@ -265,7 +325,6 @@ async fn run_job(
             Box::pin(worker.fetch.requeue_logged(&f)).await;
         }
     }
-    drop(slot);
 }
 
 /// A handler's run, panics caught.
@@ -284,7 +343,7 @@ fn caught(r: std::thread::Result<Outcome>) -> Outcome {
 /// liveness lease lapses; after either of those it has `grace` left (else: Requeue).
 async fn supervise(
     worker: &Worker,
-    lease: &crate::process::liveness::JobLease,
+    lease: &JobLease,
     mut run: Run,
     grace: std::time::Duration,
 ) -> Outcome {

@@ -31,7 +31,7 @@ mod client;
 mod frame;
 mod process;
 
-pub(crate) use client::{cloexec_pipe, get, Event};
+pub(crate) use client::{cloexec_pipe, get, Event, Handle};
 
 use std::time::Duration;
 
