@@ -2,8 +2,11 @@
 //! `playguard check`. Flags win over `-C config/sidekiq.yml`, which wins over Sidekiq 7's
 //! defaults. A configuration error is one clear line and a non-zero exit.
 
+use crate::fetch::FetchMode;
 use crate::job::handler::Registry;
+use crate::logging::LogFormat;
 use crate::manifest::jobs as manifest_jobs;
+use crate::metrics::sidekiq_tab::Mode as SidekiqMetrics;
 use crate::worker::config::{self, Config};
 use crate::worker::error::{open_redis, report, StartError};
 use clap::{Args, Parser, Subcommand};
@@ -99,11 +102,11 @@ struct RunArgs {
     #[arg(short = 'g', long)]
     tag: Option<String>,
     /// text or json.
-    #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    #[arg(long = "log-format", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     /// reliable (default: nothing is lost on SIGKILL) or basic (Sidekiq OSS BRPOP).
-    #[arg(long, default_value = "reliable", value_parser = ["reliable", "basic"])]
-    fetch: String,
+    #[arg(long, value_enum, default_value_t = FetchMode::Reliable)]
+    fetch: FetchMode,
     /// Average scheduled-poll interval in seconds (Sidekiq's average_scheduled_poll_interval).
     #[arg(long = "poll-interval")]
     poll_interval: Option<f64>,
@@ -114,8 +117,8 @@ struct RunArgs {
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Write the Metrics-tab keys of Sidekiq 7.x, 8.x, both (default) or none (off).
-    #[arg(long = "sidekiq-metrics", default_value = "both", value_parser = ["7", "8", "both", "off"])]
-    sidekiq_metrics: String,
+    #[arg(long = "sidekiq-metrics", value_enum, default_value_t = SidekiqMetrics::Both)]
+    sidekiq_metrics: SidekiqMetrics,
 }
 
 #[derive(Args)]
@@ -185,14 +188,14 @@ fn environment(flag: Option<String>) -> String {
     .unwrap_or_else(|| "development".into())
 }
 
-fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
+fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
     let mut c = Config {
         redis_url: a.redis.url,
         env: environment(a.environment),
         jobs_dir: a.jobs,
-        reliable_fetch: a.fetch == "reliable",
+        fetch: a.fetch,
         metrics_addr: a.metrics_addr,
-        sidekiq_metrics: a.sidekiq_metrics.parse()?,
+        sidekiq_metrics: a.sidekiq_metrics,
         database_url: a.database.database_url.filter(|u| !u.is_empty()),
         ..Config::default()
     };
@@ -251,7 +254,7 @@ fn build_config(a: RunArgs) -> Result<(Config, bool), String> {
         }
         c.poll_interval_average = p;
     }
-    Ok((c, a.log_format == "json"))
+    Ok((c, a.log_format))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -304,11 +307,11 @@ pub fn main_with(registry: Registry) -> i32 {
 }
 
 fn run(a: RunArgs, registry: Registry) -> i32 {
-    let (config, json) = match build_config(a) {
+    let (config, log_format) = match build_config(a) {
         Ok(c) => c,
         Err(e) => return report(&StartError::Config(e)),
     };
-    let _log_guard = crate::logging::init(json);
+    let _log_guard = crate::logging::init(log_format);
     use tracing::Instrument;
     let fut = crate::launcher::run(config, registry).instrument(crate::logging::root().clone());
     match runtime().block_on(fut) {

@@ -40,6 +40,16 @@ pub enum Wait {
     Queue(String),
 }
 
+/// `--fetch`: how jobs are taken from their queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FetchMode {
+    /// Each job sits in our working list until it finished: nothing is lost on SIGKILL.
+    #[default]
+    Reliable,
+    /// Sidekiq OSS's BRPOP: a job popped by a process that dies is lost.
+    Basic,
+}
+
 pub struct FetchStrategy {
     mode: Mode,
     conn: Conn,
@@ -50,11 +60,10 @@ pub struct FetchStrategy {
 }
 
 impl FetchStrategy {
-    pub fn new(reliable: bool, identity: &str, conn: Conn, shutdown: Shutdown) -> FetchStrategy {
-        let mode = if reliable {
-            Mode::Reliable(ReliableFetch::start(identity, conn.clone()))
-        } else {
-            Mode::Basic(BasicFetch::new(conn.clone()))
+    pub fn new(kind: FetchMode, identity: &str, conn: Conn, shutdown: Shutdown) -> FetchStrategy {
+        let mode = match kind {
+            FetchMode::Reliable => Mode::Reliable(ReliableFetch::start(identity, conn.clone())),
+            FetchMode::Basic => Mode::Basic(BasicFetch::new(conn.clone())),
         };
         FetchStrategy {
             mode,

@@ -286,12 +286,8 @@ fn new_worker(
     db: Option<crate::connections::db::Db>,
     identity: String,
 ) -> Worker {
-    let fetch = crate::fetch::FetchStrategy::new(
-        config.reliable_fetch,
-        &identity,
-        conn.clone(),
-        shutdown.clone(),
-    );
+    let fetch =
+        crate::fetch::FetchStrategy::new(config.fetch, &identity, conn.clone(), shutdown.clone());
     let liveness = if fetch.recovers_orphans() {
         crate::process::liveness::Liveness::new()
     } else {

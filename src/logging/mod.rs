@@ -250,7 +250,18 @@ impl Visit for TextVisitor<'_> {
 
 /// Install the subscriber. Keep the returned guard alive until exit: dropping it flushes the
 /// lines still buffered for the writer thread.
-pub fn init(json: bool) -> crate::logging::writer::Guard {
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One line per event: timestamp, level, pid, fields, message.
+    #[default]
+    Text,
+    /// One flat JSON object per line, for log shippers.
+    Json,
+}
+
+pub fn init(format: LogFormat) -> crate::logging::writer::Guard {
+    let json = format == LogFormat::Json;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = crate::logging::writer::start(std::io::stdout());
     if !json {

@@ -34,29 +34,17 @@ pub const BUCKET_INTERVALS: [u64; 25] = [
 pub const BUCKETS: usize = BUCKET_INTERVALS.len() + 1;
 
 /// Which versions' keys to write (`--sidekiq-metrics`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Mode {
+    #[value(name = "off")]
     Off,
+    #[value(name = "7")]
     V7,
+    #[value(name = "8")]
     V8,
     /// Both formats (the default: a fleet on 7.x or 8.x sees its Metrics tab unconfigured).
     #[default]
     Both,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Mode, String> {
-        match s {
-            "off" => Ok(Mode::Off),
-            "7" => Ok(Mode::V7),
-            "8" => Ok(Mode::V8),
-            "both" => Ok(Mode::Both),
-            _ => Err(format!(
-                "--sidekiq-metrics {s:?}: expected 7, 8, both or off"
-            )),
-        }
-    }
 }
 
 impl Mode {

@@ -18,7 +18,8 @@ pub struct Config {
     pub env: String,
     pub tag: Option<String>,
     pub labels: Vec<String>,
-    pub reliable_fetch: bool,
+    /// `--fetch`: reliable (the default) or basic.
+    pub fetch: crate::fetch::FetchMode,
     /// Sidekiq's average_scheduled_poll_interval (seconds).
     pub poll_interval_average: f64,
     pub metrics_addr: Option<std::net::SocketAddr>,
@@ -47,7 +48,7 @@ impl Default for Config {
             env: "development".into(),
             tag: None,
             labels: Vec::new(),
-            reliable_fetch: true,
+            fetch: crate::fetch::FetchMode::Reliable,
             poll_interval_average: 5.0,
             metrics_addr: None,
             beat_interval: Duration::from_secs(5),
