@@ -2,7 +2,7 @@
 //! stdin, in a process group of its own so a deadline or shutdown kills the whole tree.
 //! Every stdout/stderr line is logged in the caller's span (jid, class, phase): read as bytes
 //! (not UTF-8 is shown lossily), cut at MAX_LINE. The process is started and reaped by the
-//! worker's guardian (`guardian/`), which also kills the group when the worker dies or, with
+//! worker's guardian (`guardian/` beside this file), which also kills the group when the worker dies or, with
 //! a liveness lease, when its keepalives stop (a frozen worker cannot). Touches no Redis keys.
 
 use crate::commands::guardian::{cloexec_pipe, Event, Handle};
@@ -73,7 +73,7 @@ fn base_env() -> &'static [(OsString, OsString)] {
     })
 }
 
-/// The guardian's argument for worker pid `worker` (in /proc/<pid>/cmdline; `sweeper.rs`).
+/// The guardian's argument for worker pid `worker` (in /proc/<pid>/cmdline; `loops/sweeper.rs`).
 pub fn shepherd_name(worker: u32) -> String {
     crate::commands::guardian::shepherd_name(worker)
 }

@@ -13,7 +13,7 @@ pub struct LockEnv<'a> {
     pub fence: i64,
 }
 
-/// The environment of design.md: job data reaches a command only through it and stdin.
+/// The PLAYGUARD_* environment (docs/configuration.md): job data reaches a command only through it and stdin.
 pub fn job_env(
     ctx: &JobContext,
     phase: Option<&str>,

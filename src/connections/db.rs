@@ -7,7 +7,7 @@
 //! calls), so one connection can carry the statements of several cycles at once; the pool
 //! only spreads them over a few server backends.
 //!
-//! TLS (`sslmode`, `sslrootcert`) as libpq understands it is set up by `db_tls`.
+//! TLS (`sslmode`, `sslrootcert`) as libpq understands it is set up by `db_tls.rs`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

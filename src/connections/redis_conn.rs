@@ -2,7 +2,7 @@
 //! response timeout, since redis-rs >= 1.0 defaults to 500 ms), and dedicated connections for
 //! blocking pops so a BRPOP/BLMOVE never stalls the shared pipe. With a `redis-sentinel://` URL
 //! both find the current primary through the sentinels and follow it after a failover
-//! (src/sentinel.rs). Clients for one server come from `redis_client.rs`. Touches no keys
+//! (`sentinel.rs`). Clients for one server come from `redis_client.rs`. Touches no keys
 //! itself.
 
 pub use crate::connections::redis_client::{plain_client, CA_ENV};

@@ -1,7 +1,7 @@
 //! The phased-lock engine: a [`Cycle`] runs its phases one after another under a token lock.
 //! Keys: the cycle's lock key, `<key>:fence` and the holder record `playguard:locks:<identity>`
 //! (through `lock.rs`); with database fences, tables `playguard_fences` and `playguard_cycles`
-//! (through `fence_store.rs`).
+//! (through `fences.rs`).
 //!
 //! The cycle: take the token lock first, and if someone else holds it, log and finish without
 //! retry (the next tick reconciles). Then run phase after phase and renew the lease after
@@ -17,7 +17,7 @@
 //! queue.
 //!
 //! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
-//! store's business (`fence_store.rs`): the cycle only asks it to hold, renew and finish.
+//! store's business (`fences.rs`): the cycle only asks it to hold, renew and finish.
 //! What a phase runs is not: manifest command phases are in `reconcile.rs`, Rust phases are
 //! [`FnPhase`] or any [`Phase`].
 

@@ -1,5 +1,5 @@
 //! The cycle ledger: one `playguard_cycles` row per cycle that acquired its lock, and, for
-//! database-fenced locks, the `playguard_fences` row whose fence the cycle holds. Seed 001: a
+//! database-fenced locks, the `playguard_fences` row whose fence the cycle holds. A
 //! Redis lease is coordination, not a record; the record lives in the application database
 //! and survives whatever Redis loses. Tables: `playguard_cycles`, `playguard_fences`.
 //!

@@ -6,15 +6,16 @@
 //! (`{fence, value}`).
 //!
 //! A random token per acquisition makes renewal and release compare-and-act scripts
-//! ([`Lease::renew`] is compare-and-PEXPIRE, [`Lease::release`] compare-and-DEL), so a holder
-//! whose lease ran out can neither extend nor delete the next owner's lock (seed 004's
-//! hourly-digest timeline). The token cannot stop a stalled holder's writes already on their
-//! way; the fence does: the acquire script hands out `max(counter + 1, Redis clock in µs)`
+//! ([`Lease::renew`] is compare-and-PEXPIRE, [`Lease::release`] compare-and-DEL), so a holder whose
+//! lease ran out can neither extend nor delete the next owner's lock (a holder paused past its
+//! lease wakes to find both refused). The token cannot stop a stalled holder's writes already on
+//! their way; the fence does: the acquire script hands out `max(counter + 1, Redis clock in µs)`
 //! with the `SET NX`, and the store refuses a write older than one it accepted. What the fence
-//! protects, the SQL recipe, and the PostgreSQL fence store are in README.md ("Fencing").
+//! protects, the SQL recipe, and the PostgreSQL fence store are in docs/fencing.md.
 //!
-//! Limits: one Redis, no Redlock quorum (design.md); `<key>` and `<key>:fence` must share a
-//! hash slot on Redis Cluster (`lock:{marquee-7}`); leases are whole milliseconds.
+//! Limits: one Redis, no Redlock quorum (the fence, not a quorum, guards the writes); `<key>` and
+//! `<key>:fence` must share a hash slot on Redis Cluster (`lock:{marquee-7}`); leases are whole
+//! milliseconds.
 
 use crate::connections::redis_conn::Conn as MultiplexedConnection;
 use redis::{ErrorKind, RedisError, RedisResult, Script, Value};
@@ -355,7 +356,7 @@ pub async fn first_in_window(
 
 /// Write `value` into the hash `key` as `{fence, value}` only if the stored fence is
 /// `<= fence` (or absent). `Ok(false)` means a newer holder has written: the caller is stale
-/// and must stop. README.md ("Fencing") has the SQL form of the same rule.
+/// and must stop. docs/fencing.md has the SQL form of the same rule.
 pub async fn fenced_set(
     conn: &MultiplexedConnection,
     key: &str,

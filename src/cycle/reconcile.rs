@@ -1,9 +1,9 @@
-//! The manifest's phased jobs (seed 000's per-Marquee reconcile cycle): a `jobs/*.toml` entry
+//! The manifest's phased jobs (the per-Marquee reconcile cycle): a `jobs/*.toml` entry
 //! with a `lock` and `[[job.phase]]` commands becomes a [`Cycle`] of [`CommandPhase`]s. Each
 //! phase runs as a command under the job's `env` allow-list, told its lock key and fence
 //! through the environment, and is stopped (TERM, or KILL at the lease deadline) when the
 //! engine says so. Touches no keys itself: the lock key and `<key>:fence` are the engine's
-//! (`cycle.rs`, through `lock.rs`).
+//! (`engine.rs`, through `lock.rs`).
 //!
 //! The engine's types are re-exported here: `playguard::reconcile::Cycle` is the library's
 //! path for Rust-phased cycles (README, "Library").

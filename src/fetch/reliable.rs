@@ -4,7 +4,7 @@
 //! acknowledgements remove finished jobs from them in batches (`acks.rs`, in the lists' order
 //! as `working_order.rs` pictures it), a requeue moves one job back
 //! (`lua/requeue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
-//! process leaves in its lists the orphan sweep (`sweeper.rs`) returns.
+//! process leaves in its lists the orphan sweep (`loops/sweeper.rs`) returns.
 
 use super::acks::Acks;
 use super::working_order::working_key;

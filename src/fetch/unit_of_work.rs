@@ -10,7 +10,7 @@ pub struct UnitOfWork {
     pub queue: std::sync::Arc<str>,
     pub raw: Vec<u8>,
     /// The liveness lapse count when the fetch was sent: a job whose process lapsed since may
-    /// already have been recovered by another process (see `liveness.rs`).
+    /// already have been recovered by another process (see `process/liveness.rs`).
     pub epoch: u64,
     /// Reliable fetch: its place in the working list's order (see `working_order.rs`).
     pub seq: u64,

@@ -1,6 +1,6 @@
 //! A fetched job: the exact popped string plus its parsed JSON object.
 //!
-//! The popped string is the source of truth (design.md "Payload fidelity"): we parse it with
+//! The popped string is the source of truth: we parse it with
 //! serde_json's `arbitrary_precision` + `preserve_order`, so unknown keys, key order, 2**70 and
 //! float spellings survive every re-push. Touches no Redis keys.
 

@@ -25,7 +25,7 @@ pub(crate) struct JobLines {
 
 impl JobLines {
     /// Direct lines in the text format with INFO on; through tracing otherwise (JSON), or
-    /// nothing to prepare (INFO filtered out). Either way the job's scope (`job_scope.rs`)
+    /// nothing to prepare (INFO filtered out). Either way the job's scope (`scope.rs`)
     /// gives other lines its context.
     pub fn open(tag: &crate::logging::scope::JobTag) -> JobLines {
         let direct = match WRITER.get() {

@@ -162,7 +162,7 @@ where
     }
 }
 
-/// The event's spans, outermost first. Both formats write the job's context (job_scope.rs)
+/// The event's spans, outermost first. Both formats write the job's context (scope.rs)
 /// where a `job` span under the root would be: after the root span, before any inner one.
 fn spans_from_root<'a, S, N>(
     ctx: &'a FmtContext<'_, S, N>,
@@ -293,7 +293,7 @@ static ROOT: std::sync::OnceLock<tracing::Span> = std::sync::OnceLock::new();
 const ROOT_NAME: &str = "playguard";
 
 /// The root span every line carries, so each shows `pid=`. Spawned tasks are instrumented
-/// with it (a job's context is its `job_scope`), since tokio tasks do not inherit spans.
+/// with it (a job's context is its scope, `scope.rs`), since tokio tasks do not inherit spans.
 /// At ERROR level: a span is kept only where its level passes the filter, and the pid must
 /// be on a quiet worker's warnings too.
 pub fn root() -> &'static tracing::Span {
@@ -305,7 +305,7 @@ mod tests {
     use super::*;
     use crate::logging::test_lines::{same_after_time, Buf};
 
-    /// `scoped`: the job's context as ours is set (job_scope.rs); else as a `job` span, the
+    /// `scoped`: the job's context as ours is set (scope.rs); else as a `job` span, the
     /// way tracing's own formatter is given it.
     fn emit(scoped: bool) {
         let root = tracing::info_span!("playguard", pid = 7);

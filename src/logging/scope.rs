@@ -1,5 +1,5 @@
 //! Which job a log line belongs to: the job's jid, class and queue, set for this thread while
-//! the job's future is polled, and read by both log formats (`logging.rs`) as if they were a
+//! the job's future is polled, and read by both log formats (`mod.rs`) as if they were a
 //! `job` span's fields between the root span and any inner span (a phase). Why not a tracing
 //! span: a span per job cost 2k of a no-op job's 14.5k instructions at INFO (its slab entry,
 //! its fields formatted, entered and left at every poll, closed), where this is one swap of a

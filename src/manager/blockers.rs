@@ -1,4 +1,4 @@
-//! The idle waits: each blocking pop (BLMOVE or BRPOP, see `fetch_strategy`) runs on a connection
+//! The idle waits: each blocking pop (BLMOVE or BRPOP, see `fetch/`) runs on a connection
 //! of its own, one command at a time, and is never dropped mid-flight: to stop waiting we send
 //! `CLIENT UNBLOCK <id>` from the shared connection, so a pop that already happened is always
 //! delivered and handled. A blocker pops only when armed, so it never takes more work than the

@@ -1,8 +1,8 @@
 //! Fetching: the loop that keeps every free slot fed, in Sidekiq's strict / weighted queue
-//! order (`queues.rs`). While the queues are busy it takes a batch for the free slots in one
+//! order (`job/queues.rs`). While the queues are busy it takes a batch for the free slots in one
 //! round trip; when they are empty it arms the blocking pops (`blockers.rs`) and waits. How a
 //! job is taken, acknowledged, requeued and drained is the fetch strategy's business
-//! (`fetch_strategy`: reliable or basic); this loop never asks which one runs.
+//! (`fetch/`: reliable or basic); this loop never asks which one runs.
 //! Keys: those of the strategy.
 
 mod blockers;
@@ -67,7 +67,7 @@ fn fetch_ahead(concurrency: usize) -> usize {
 /// its own waker, so the wake this poll registered for the loop is only a spurious one. A
 /// panic is contained as a task's would be: the future is dropped and the loop goes on (with
 /// reliable fetch the job stays in our working list, drained back to its queue at our stop).
-/// Runs under the loop's root span; the job's own context is its `job_scope`.
+/// Runs under the loop's root span; the job's own context is its log scope (`logging/scope.rs`).
 async fn run_or_spawn(
     mut run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>,
 ) {

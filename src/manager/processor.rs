@@ -1,4 +1,4 @@
-//! Runs one fetched job to its end and writes the outcome: ack (batched, see `fetch_strategy`),
+//! Runs one fetched job to its end and writes the outcome: ack (batched, see `fetch/`),
 //! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
 //! Outcome and ack go in one MULTI, so a crash never leaves a job both retried and fetchable.
 

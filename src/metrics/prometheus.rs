@@ -1,5 +1,5 @@
 //! Prometheus counters kept in memory, and their text exposition ([`Metrics::render`]);
-//! `metrics_http.rs` serves it on `--metrics-addr` with `/health`. Reads no Redis keys itself:
+//! `server.rs` serves it on `--metrics-addr` with `/health`. Reads no Redis keys itself:
 //! the heartbeat reports its own success and the queue latencies (from `queue:<q>`) here, and
 //! the launcher attaches the slot table so busy slots are read live.
 //!

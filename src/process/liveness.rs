@@ -6,7 +6,7 @@
 //! jobs (keeping them in its working list) and fetches nothing until a beat lands again.
 //!
 //! A frozen process (SIGSTOP, VM pause) cannot stop anything itself, so our command guardian
-//! (`guardian/`, a separate process) gets a countdown per command from us on its socket and
+//! (`commands/guardian/`, a separate process) gets a countdown per command from us on its socket and
 //! kills that command's group when it runs out: that budget is [`Liveness::shepherd_budget`],
 //! which never lets a command outlive the alive key. Touches no Redis keys itself.
 

@@ -1,7 +1,7 @@
 //! The command guardian: one long-lived helper process per worker that starts, reaps and, when
 //! the worker dies or freezes, kills the worker's commands. It is this same executable run
 //! again as `<exe> playguard-shepherd:<worker pid>` (the sweep looks for that argument, see
-//! `sweeper.rs`), started on the first command, its stdin a UNIX socket to the worker.
+//! `loops/sweeper.rs`), started on the first command, its stdin a UNIX socket to the worker.
 //! Touches no Redis keys.
 //!
 //! Why a separate process: a dead or frozen worker cannot kill anything, and forking the
