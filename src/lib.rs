@@ -10,13 +10,14 @@
 //! folder is a layer; a folder imports only folders below it in this list (`tests/layers.rs`
 //! checks it), from the top down:
 //!
-//! - `cli/`: flags, subcommands, the one map from an error to an exit code.
+//! - `cli/`: flags and subcommands.
 //! - `launcher/`: builds a worker, starts its loops, stops it (Sidekiq's Launcher).
 //! - `ops/`: the operator commands `playguard locks` and `playguard cycles`.
 //! - `loops/`: the side loops: heartbeat, sweeper, scheduled poller, periodic fan-out.
 //! - `manager/`: the loop that feeds free slots (Sidekiq's Manager) and the processor that
 //!   runs one job and settles it through the fetch strategy (Sidekiq's Processor).
-//! - `worker/`: the state one worker shares between its loops, and its configuration.
+//! - `worker/`: the state one worker shares between its loops, its configuration, and the
+//!   one Redis opener and error-to-exit-code map of every subcommand (`error.rs`).
 //! - `manifest/`: `jobs/*.toml`, parsed, checked and turned into registry entries.
 //! - `cycle/`: the phased-lock engine, the lock and its fences, the ledger, key templates,
 //!   the manifest's reconcile phases.

@@ -149,12 +149,18 @@ fn function_lengths() -> Vec<(usize, String)> {
             let indent = line.len() - line.trim_start().len();
             let close = format!("{}}}", " ".repeat(indent));
             // A declaration without a body (in a trait) ends with `;` before any `{`.
-            let sig = lines[i..].iter().position(|l| l.ends_with('{') || l.ends_with(';'));
+            let sig = lines[i..]
+                .iter()
+                .position(|l| l.ends_with('{') || l.ends_with(';'));
             if sig.is_none_or(|n| lines[i + n].ends_with(';')) {
                 continue;
             }
             let one_line = lines[i].ends_with('}');
-            let end = if one_line { Some(0) } else { lines[i..].iter().position(|l| *l == close) };
+            let end = if one_line {
+                Some(0)
+            } else {
+                lines[i..].iter().position(|l| *l == close)
+            };
             if let Some(n) = end {
                 let at = f.strip_prefix(src()).unwrap().display();
                 out.push((n + 1, format!("{at}:{} {name}", i + 1)));
@@ -168,7 +174,14 @@ fn function_lengths() -> Vec<(usize, String)> {
 /// The name of the function a line starts, if it starts one.
 fn fn_name(line: &str) -> Option<String> {
     let mut t = line.trim_start();
-    for prefix in ["pub(crate) ", "pub(super) ", "pub ", "const ", "async ", "unsafe "] {
+    for prefix in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
         t = t.strip_prefix(prefix).unwrap_or(t);
         t = t.strip_prefix(prefix).unwrap_or(t);
     }
