@@ -132,10 +132,7 @@ fn take_socket() -> Option<OwnedFd> {
 fn serve(g: &mut Guardian, sigfd: &nix::sys::signalfd::SignalFd, worker: i32) {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let Some((sock_ready, sig_ready)) = wait(g, sigfd) else {
-            break;
-        };
+    while let Some((sock_ready, sig_ready)) = wait(g, sigfd) {
         if sig_ready && take_signals(g, sigfd, worker) {
             break;
         }
