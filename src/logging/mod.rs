@@ -72,94 +72,115 @@ where
     fn format_event(
         &self,
         ctx: &FmtContext<'_, S, N>,
-        mut w: Writer<'_>,
+        w: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
         match self {
-            LineFormat::FlatJson => {
-                let mut map = Map::new();
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-                map.insert("timestamp".into(), Value::from(now));
-                map.insert(
-                    "level".into(),
-                    Value::from(event.metadata().level().as_str()),
-                );
-                let mut spans = spans_from_root(ctx);
-                let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
-                // With JsonFields, a span's recorded fields are kept as a JSON object string.
-                let add = |map: &mut Map<String, Value>, span: &SpanRef<'_, S>| {
-                    if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
-                        if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&f.fields)
-                        {
-                            map.extend(fields);
-                        }
-                    }
-                };
-                if let Some(root) = &root {
-                    add(&mut map, root);
-                }
-                crate::logging::scope::with_current(|t| {
-                    if let Some(t) = t {
-                        for (k, v) in [("jid", &t.jid), ("class", &t.class), ("queue", &t.queue)] {
-                            map.insert(k.into(), Value::from(&**v));
-                        }
-                    }
-                });
-                for span in spans {
-                    add(&mut map, &span);
-                }
-                event.record(&mut JsonVisitor(&mut map));
-                writeln!(w, "{}", Value::Object(map))
-            }
-            LineFormat::FastText => {
-                timestamp::write_timestamp(&mut w)?;
-                w.write_str(match *event.metadata().level() {
-                    tracing::Level::ERROR => " ERROR ",
-                    tracing::Level::WARN => "  WARN ",
-                    tracing::Level::INFO => "  INFO ",
-                    tracing::Level::DEBUG => " DEBUG ",
-                    tracing::Level::TRACE => " TRACE ",
-                })?;
-                let mut spans = spans_from_root(ctx);
-                let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
-                let write = |w: &mut Writer<'_>, span: &SpanRef<'_, S>| -> fmt::Result {
-                    w.write_str(span.metadata().name())?;
-                    if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
-                        if !f.fields.is_empty() {
-                            w.write_char('{')?;
-                            w.write_str(&f.fields)?;
-                            w.write_char('}')?;
-                        }
-                    }
-                    w.write_char(':')
-                };
-                let mut seen = root.is_some();
-                if let Some(root) = &root {
-                    write(&mut w, root)?;
-                }
-                crate::logging::scope::with_current(|t| -> fmt::Result {
-                    if let Some(t) = t {
-                        seen = true;
-                        for part in [
-                            "job{jid=", &t.jid, " class=", &t.class, " queue=", &t.queue, "}:",
-                        ] {
-                            w.write_str(part)?;
-                        }
-                    }
-                    Ok(())
-                })?;
-                for span in spans {
-                    write(&mut w, &span)?;
-                    seen = true;
-                }
-                if seen {
-                    w.write_char(' ')?;
-                }
-                ctx.format_fields(w.by_ref(), event)?;
-                w.write_char('\n')
-            }
+            LineFormat::FlatJson => write_json_line(ctx, w, event),
+            LineFormat::FastText => write_text_line(ctx, w, event),
         }
     }
+}
+
+/// `LineFormat::FlatJson`: the event as one flat JSON object on a line.
+fn write_json_line<S, N>(
+    ctx: &FmtContext<'_, S, N>,
+    mut w: Writer<'_>,
+    event: &Event<'_>,
+) -> fmt::Result
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    let mut map = Map::new();
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    map.insert("timestamp".into(), Value::from(now));
+    map.insert(
+        "level".into(),
+        Value::from(event.metadata().level().as_str()),
+    );
+    let mut spans = spans_from_root(ctx);
+    let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
+    // With JsonFields, a span's recorded fields are kept as a JSON object string.
+    let add = |map: &mut Map<String, Value>, span: &SpanRef<'_, S>| {
+        if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
+            if let Ok(Value::Object(fields)) = serde_json::from_str::<Value>(&f.fields) {
+                map.extend(fields);
+            }
+        }
+    };
+    if let Some(root) = &root {
+        add(&mut map, root);
+    }
+    crate::logging::scope::with_current(|t| {
+        if let Some(t) = t {
+            for (k, v) in [("jid", &t.jid), ("class", &t.class), ("queue", &t.queue)] {
+                map.insert(k.into(), Value::from(&**v));
+            }
+        }
+    });
+    for span in spans {
+        add(&mut map, &span);
+    }
+    event.record(&mut JsonVisitor(&mut map));
+    writeln!(w, "{}", Value::Object(map))
+}
+
+/// `LineFormat::FastText`: the event as tracing-subscriber's default text line.
+fn write_text_line<S, N>(
+    ctx: &FmtContext<'_, S, N>,
+    mut w: Writer<'_>,
+    event: &Event<'_>,
+) -> fmt::Result
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    timestamp::write_timestamp(&mut w)?;
+    w.write_str(match *event.metadata().level() {
+        tracing::Level::ERROR => " ERROR ",
+        tracing::Level::WARN => "  WARN ",
+        tracing::Level::INFO => "  INFO ",
+        tracing::Level::DEBUG => " DEBUG ",
+        tracing::Level::TRACE => " TRACE ",
+    })?;
+    let mut spans = spans_from_root(ctx);
+    let root = spans.next_if(|s| s.metadata().name() == ROOT_NAME);
+    let write = |w: &mut Writer<'_>, span: &SpanRef<'_, S>| -> fmt::Result {
+        w.write_str(span.metadata().name())?;
+        if let Some(f) = span.extensions().get::<FormattedFields<N>>() {
+            if !f.fields.is_empty() {
+                w.write_char('{')?;
+                w.write_str(&f.fields)?;
+                w.write_char('}')?;
+            }
+        }
+        w.write_char(':')
+    };
+    let mut seen = root.is_some();
+    if let Some(root) = &root {
+        write(&mut w, root)?;
+    }
+    crate::logging::scope::with_current(|t| -> fmt::Result {
+        if let Some(t) = t {
+            seen = true;
+            for part in [
+                "job{jid=", &t.jid, " class=", &t.class, " queue=", &t.queue, "}:",
+            ] {
+                w.write_str(part)?;
+            }
+        }
+        Ok(())
+    })?;
+    for span in spans {
+        write(&mut w, &span)?;
+        seen = true;
+    }
+    if seen {
+        w.write_char(' ')?;
+    }
+    ctx.format_fields(w.by_ref(), event)?;
+    w.write_char('\n')
 }
 
 /// The event's spans, outermost first. Both formats write the job's context (scope.rs)

@@ -94,9 +94,7 @@ pub fn work_entry_json(e: &crate::process::slots::SlotEntry) -> String {
 pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
     // The metrics endpoint reads live busy slots from the same table the heartbeat publishes.
     let mut conn = worker.conn.clone();
-    let t = Instant::now();
-    redis::cmd("PING").query_async::<()>(&mut conn).await?;
-    let rtt_us = t.elapsed().as_micros() as u64;
+    let rtt_us = ping_rtt_us(&mut conn).await?;
 
     let id = &worker.identity;
     let snapshot = worker.slots.snapshot();
@@ -107,14 +105,58 @@ pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Option<Stri
     pipe.atomic();
     add_stat_deltas(&mut pipe, processed, failed);
     worker.job_metrics.flush_into(&mut pipe);
+    add_work_hashes(&mut pipe, id, &snapshot);
+    add_process_hash(&mut pipe, worker, info, busy, rtt_us);
+    if worker.fetch.recovers_orphans() {
+        add_liveness(&mut pipe, worker);
+    }
+    let queues = worker.config.queues.names();
+    add_latency_reads(&mut pipe, &queues);
+    pipe.rpop(format!("{id}-signals"), None);
+    // Bytes: a non-UTF-8 job at a queue's tail must not fail the whole beat.
+    match pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn).await {
+        Ok(replies) => Ok(read_replies(worker, &queues, replies)),
+        Err(e) => {
+            worker.slots.restore_counts(processed, failed);
+            Err(e)
+        }
+    }
+}
+
+/// PING Redis: the round trip in microseconds, published as `rtt_us`.
+async fn ping_rtt_us(conn: &mut crate::connections::redis_conn::Conn) -> redis::RedisResult<u64> {
+    let t = Instant::now();
+    redis::cmd("PING").query_async::<()>(conn).await?;
+    Ok(t.elapsed().as_micros() as u64)
+}
+
+/// Rewrite both work hashes (`<identity>:workers` and `<identity>:work`) from the running
+/// jobs, with their TTL.
+fn add_work_hashes(
+    pipe: &mut redis::Pipeline,
+    id: &str,
+    snapshot: &[(String, crate::process::slots::SlotEntry)],
+) {
     let work_keys = [format!("{id}:workers"), format!("{id}:work")];
     for key in &work_keys {
         pipe.cmd("UNLINK").arg(key).ignore();
-        for (tid, e) in &snapshot {
+        for (tid, e) in snapshot {
             pipe.hset(key, tid, work_entry_json(e)).ignore();
         }
         pipe.expire(key, PROCESS_TTL_SECS).ignore();
     }
+}
+
+/// Join `processes` and write the `<identity>` hash (info, busy, beat, quiet, rss, rtt_us,
+/// concurrency), with its TTL.
+fn add_process_hash(
+    pipe: &mut redis::Pipeline,
+    worker: &Worker,
+    info: &str,
+    busy: usize,
+    rtt_us: u64,
+) {
+    let id = &worker.identity;
     pipe.sadd("processes", id).ignore();
     pipe.hset_multiple(
         id,
@@ -130,55 +172,60 @@ pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Option<Stri
     )
     .ignore();
     pipe.expire(id, PROCESS_TTL_SECS).ignore();
-    if worker.fetch.recovers_orphans() {
-        pipe.set_ex(alive_key(id), 1, ALIVE_TTL_SECS as u64)
-            .ignore();
-        // The queues tell a sweeper which working lists are ours; `ns` says which kernel and
-        // pid namespace our pid lives in, so only a process that shares both may judge us
-        // dead by our pid (same hostname is not enough across containers).
-        pipe.hset(
-            FETCHERS_KEY,
-            id,
-            json!({"queues": worker.config.queues.names(), "ns": pid_namespace()}).to_string(),
-        )
+}
+
+/// Refresh our liveness key and our `playguard:fetchers` entry (reliable fetch only).
+fn add_liveness(pipe: &mut redis::Pipeline, worker: &Worker) {
+    let id = &worker.identity;
+    pipe.set_ex(alive_key(id), 1, ALIVE_TTL_SECS as u64)
         .ignore();
-    }
+    // The queues tell a sweeper which working lists are ours; `ns` says which kernel and
+    // pid namespace our pid lives in, so only a process that shares both may judge us
+    // dead by our pid (same hostname is not enough across containers).
+    pipe.hset(
+        FETCHERS_KEY,
+        id,
+        json!({"queues": worker.config.queues.names(), "ns": pid_namespace()}).to_string(),
+    )
+    .ignore();
+}
+
+/// Read the oldest job of each queue, for the queue-latency gauge.
+fn add_latency_reads(pipe: &mut redis::Pipeline, queues: &[String]) {
     // Queue latency, cheaply: the oldest job (right end, where BRPOP takes from) of each of
     // our queues, one LINDEX each inside the same MULTI. Replies come back in order, before
     // the signal.
-    let queues = worker.config.queues.names();
-    for q in &queues {
+    for q in queues {
         pipe.lindex(crate::job::queues::queue_key(q), -1);
     }
-    pipe.rpop(format!("{id}-signals"), None);
-    // Bytes: a non-UTF-8 job at a queue's tail must not fail the whole beat.
-    match pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn).await {
-        Ok(mut replies) => {
-            worker
-                .metrics
-                .last_redis_ok_ms
-                .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
-            let signal = replies
-                .pop()
-                .flatten()
-                .map(|s| String::from_utf8_lossy(&s).into_owned());
-            let now = crate::job::payload::now_f64();
-            for (q, oldest) in queues.iter().zip(replies.iter()) {
-                worker.metrics.set_latency(
-                    q,
-                    latency_secs(
-                        oldest.as_deref().and_then(|b| std::str::from_utf8(b).ok()),
-                        now,
-                    ),
-                );
-            }
-            Ok(signal)
-        }
-        Err(e) => {
-            worker.slots.restore_counts(processed, failed);
-            Err(e)
-        }
+}
+
+/// After a beat that went through: note Redis answered, set each queue's latency from its
+/// oldest job, and return the remote signal popped (the last reply), if any.
+fn read_replies(
+    worker: &Worker,
+    queues: &[String],
+    mut replies: Vec<Option<Vec<u8>>>,
+) -> Option<String> {
+    worker
+        .metrics
+        .last_redis_ok_ms
+        .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+    let signal = replies
+        .pop()
+        .flatten()
+        .map(|s| String::from_utf8_lossy(&s).into_owned());
+    let now = crate::job::payload::now_f64();
+    for (q, oldest) in queues.iter().zip(replies.iter()) {
+        worker.metrics.set_latency(
+            q,
+            latency_secs(
+                oldest.as_deref().and_then(|b| std::str::from_utf8(b).ok()),
+                now,
+            ),
+        );
     }
+    signal
 }
 
 /// INCRBY the lifetime and dated counters (dated keys kept 5 years), as Sidekiq 7 does:

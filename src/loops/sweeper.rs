@@ -129,9 +129,37 @@ pub const SWEEP_LOCK: &str = "playguard:sweep";
 /// Recover every dead process's working lists now.
 pub async fn sweep_all(worker: &Worker) -> redis::RedisResult<i64> {
     let mut conn = worker.conn.clone();
+    let (fetchers, alive) = fetchers_alive(&mut conn).await?;
+    let mut total = 0;
+    for ((identity, queues), alive) in fetchers.into_iter().zip(alive) {
+        if identity == worker.identity {
+            continue;
+        }
+        let Some((queues, force)) = fetcher_entry(&identity, &queues) else {
+            continue;
+        };
+        if alive && !force {
+            continue;
+        }
+        // Locks first: a job recovered before its lock is free would be skipped and acked.
+        release_locks_of(worker, &identity, force).await?;
+        let Some(reply) = recover(&mut conn, &identity, &queues, force).await else {
+            continue;
+        };
+        total += report_recovered(&identity, &reply);
+    }
+    bury_poison(worker).await?;
+    Ok(total)
+}
+
+/// The `playguard:fetchers` entries (identity, entry JSON), and whether each one's alive key
+/// exists.
+async fn fetchers_alive(
+    conn: &mut crate::connections::redis_conn::Conn,
+) -> redis::RedisResult<(Vec<(String, String)>, Vec<bool>)> {
     let fetchers: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg(FETCHERS_KEY)
-        .query_async(&mut conn)
+        .query_async(conn)
         .await?;
     // Which of them are alive, in one round trip: a live process is left alone here rather
     // than having its lock record read and the recovery script run only to find it alive
@@ -143,76 +171,85 @@ pub async fn sweep_all(worker: &Worker) -> redis::RedisResult<i64> {
     let alive: Vec<bool> = if fetchers.is_empty() {
         Vec::new()
     } else {
-        pipe.query_async(&mut conn).await?
+        pipe.query_async(conn).await?
     };
-    let mut total = 0;
-    for ((identity, queues), alive) in fetchers.into_iter().zip(alive) {
-        if identity == worker.identity {
-            continue;
-        }
-        // {"queues": [...], "ns": "..."}; a bare array of queue names is read too.
-        let entry: Value = serde_json::from_str(&queues).unwrap_or(Value::Null);
-        let list = match &entry {
-            Value::Array(_) => Some(&entry),
-            _ => entry.get("queues"),
-        };
-        let queues: Vec<String> = list
-            .and_then(|q| serde_json::from_value(q.clone()).ok())
-            .unwrap_or_default();
-        if queues.is_empty() {
-            tracing::warn!(process = %identity, "fetcher entry without queues; leaving it alone");
-            continue;
-        }
-        let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
-        let force = local_pid_gone(&identity, ns);
-        if alive && !force {
-            continue;
-        }
-        // Locks first: a job recovered before its lock is free would be skipped and acked.
-        release_locks_of(worker, &identity, force).await?;
-        let now = crate::job::payload::now_f64();
-        let mut inv = RECOVER.key(FETCHERS_KEY);
-        inv.key(alive_key(&identity))
-            .key(RECOVERED_KEY)
-            .key(RECOVERED_AT_KEY)
-            .key(POISON_KEY)
-            .arg(&identity)
-            .arg(MAX_RECOVERIES)
-            .arg(if force { "1" } else { "0" })
-            .arg(now)
-            .arg(now - RECOVERY_MEMORY.as_secs_f64());
-        for q in &queues {
-            inv.key(crate::fetch::working_key(&identity, q))
-                .key(crate::job::queues::queue_key(q));
-        }
-        // One identity that cannot be recovered (say, a working list of the wrong type) must
-        // not stop the sweep for all the others: log it and go on; its entry stays.
-        let reply: Vec<redis::Value> = match inv.invoke_async(&mut conn).await {
-            Ok(redis::Value::Array(v)) => v,
-            Ok(_) => continue, // -1 (alive) or -2 (no queues): nothing to do
-            Err(e) => {
-                tracing::error!(dead_process = %identity, error = %e,
-                    "orphan sweep: cannot recover this process's jobs; they stay in its working lists");
-                continue;
-            }
-        };
-        let n: i64 = reply
-            .first()
-            .and_then(|v| redis::from_redis_value_ref(v).ok())
-            .unwrap_or(0);
-        for key in &reply[1.min(reply.len())..] {
-            let key: String = redis::from_redis_value_ref(key).unwrap_or_default();
-            tracing::error!(dead_process = %identity, queue = %key.strip_prefix("queue:").unwrap_or(&key),
-                "orphan sweep: {key} is not a list; its jobs stay in the dead process's working list");
-        }
-        if n > 0 {
-            tracing::warn!(dead_process = %identity, jobs = n,
-                "recovered jobs of a worker that died without a clean stop");
-            total += n;
+    Ok((fetchers, alive))
+}
+
+/// A fetcher entry's queues, and whether its pid is certainly gone (`local_pid_gone`); None,
+/// with a warning, for an entry without queues.
+fn fetcher_entry(identity: &str, queues: &str) -> Option<(Vec<String>, bool)> {
+    // {"queues": [...], "ns": "..."}; a bare array of queue names is read too.
+    let entry: Value = serde_json::from_str(queues).unwrap_or(Value::Null);
+    let list = match &entry {
+        Value::Array(_) => Some(&entry),
+        _ => entry.get("queues"),
+    };
+    let queues: Vec<String> = list
+        .and_then(|q| serde_json::from_value(q.clone()).ok())
+        .unwrap_or_default();
+    if queues.is_empty() {
+        tracing::warn!(process = %identity, "fetcher entry without queues; leaving it alone");
+        return None;
+    }
+    let ns = entry.get("ns").and_then(Value::as_str).unwrap_or("");
+    Some((queues, local_pid_gone(identity, ns)))
+}
+
+/// Run the recovery script for one dead process's working lists: its reply (the count, then
+/// any queue key that is not a list), or None when there was nothing to do or it failed.
+async fn recover(
+    conn: &mut crate::connections::redis_conn::Conn,
+    identity: &str,
+    queues: &[String],
+    force: bool,
+) -> Option<Vec<redis::Value>> {
+    let now = crate::job::payload::now_f64();
+    let mut inv = RECOVER.key(FETCHERS_KEY);
+    inv.key(alive_key(identity))
+        .key(RECOVERED_KEY)
+        .key(RECOVERED_AT_KEY)
+        .key(POISON_KEY)
+        .arg(identity)
+        .arg(MAX_RECOVERIES)
+        .arg(if force { "1" } else { "0" })
+        .arg(now)
+        .arg(now - RECOVERY_MEMORY.as_secs_f64());
+    for q in queues {
+        inv.key(crate::fetch::working_key(identity, q))
+            .key(crate::job::queues::queue_key(q));
+    }
+    // One identity that cannot be recovered (say, a working list of the wrong type) must
+    // not stop the sweep for all the others: log it and go on; its entry stays.
+    match inv.invoke_async(conn).await {
+        Ok(redis::Value::Array(v)) => Some(v),
+        Ok(_) => None, // -1 (alive) or -2 (no queues): nothing to do
+        Err(e) => {
+            tracing::error!(dead_process = %identity, error = %e,
+                "orphan sweep: cannot recover this process's jobs; they stay in its working lists");
+            None
         }
     }
-    bury_poison(worker).await?;
-    Ok(total)
+}
+
+/// Log what the recovery script reported for `identity`; how many jobs it recovered.
+fn report_recovered(identity: &str, reply: &[redis::Value]) -> i64 {
+    let n: i64 = reply
+        .first()
+        .and_then(|v| redis::from_redis_value_ref(v).ok())
+        .unwrap_or(0);
+    for key in &reply[1.min(reply.len())..] {
+        let key: String = redis::from_redis_value_ref(key).unwrap_or_default();
+        tracing::error!(dead_process = %identity, queue = %key.strip_prefix("queue:").unwrap_or(&key),
+            "orphan sweep: {key} is not a list; its jobs stay in the dead process's working list");
+    }
+    if n > 0 {
+        tracing::warn!(dead_process = %identity, jobs = n,
+            "recovered jobs of a worker that died without a clean stop");
+        n
+    } else {
+        0
+    }
 }
 
 /// Turn poison pills into dead-set entries carrying the reason.

@@ -337,57 +337,30 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let header = |out: &mut String, name: &str, kind: &str, help: &str| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-        };
         let mut counters = self.counters.lock().unwrap().clone();
         let mut histograms = self.histograms.lock().unwrap().clone();
         self.fold_jobs(&mut counters, &mut histograms);
-        // Families we know first (each once, its samples right under its header), then any
-        // family another module invented, with a bare TYPE line.
-        let mut names: Vec<(&str, &str, &str)> = FAMILIES.to_vec();
-        for (name, _) in counters.keys() {
-            if family(name).is_none() && !names.iter().any(|(n, _, _)| n == name) {
-                names.push((name, "counter", "playguard counter."));
-            }
-        }
-        for (name, _) in histograms.keys() {
-            if family(name).is_none() && !names.iter().any(|(n, _, _)| n == name) {
-                names.push((name, "histogram", "playguard histogram."));
-            }
-        }
-        for (fname, kind, help) in names {
-            header(&mut out, fname, kind, help);
+        for (fname, kind, help) in family_names(&counters, &histograms) {
+            write_header(&mut out, fname, kind, help);
             if fname == "playguard_queue_latency_seconds" {
-                for (q, s) in self.latency.lock().unwrap().iter() {
-                    let _ = writeln!(out, "{fname}{{queue=\"{}\"}} {s}", escape(q));
-                }
+                self.write_latencies(&mut out, fname);
                 continue;
             }
-            for ((name, labels), v) in counters.iter().filter(|((n, _), _)| *n == fname) {
-                let _ = writeln!(out, "{name}{} {v}", fmt_labels(labels, None));
-            }
-            for ((name, labels), h) in histograms.iter().filter(|((n, _), _)| *n == fname) {
-                for (i, b) in BUCKETS.iter().enumerate() {
-                    let _ = writeln!(
-                        out,
-                        "{name}_bucket{} {}",
-                        fmt_labels(labels, Some(&b.to_string())),
-                        h.counts[i]
-                    );
-                }
-                let _ = writeln!(
-                    out,
-                    "{name}_bucket{} {}",
-                    fmt_labels(labels, Some("+Inf")),
-                    h.total
-                );
-                let _ = writeln!(out, "{name}_sum{} {}", fmt_labels(labels, None), h.sum);
-                let _ = writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), h.total);
-            }
+            write_samples(&mut out, fname, &counters, &histograms);
         }
-        // The unlabelled families, read from their atomics: two gauges, then the fetch counters.
+        self.write_singles(&mut out);
+        out
+    }
+
+    /// The queue latency family's samples, one per queue the heartbeat measured.
+    fn write_latencies(&self, out: &mut String, fname: &str) {
+        for (q, s) in self.latency.lock().unwrap().iter() {
+            let _ = writeln!(out, "{fname}{{queue=\"{}\"}} {s}", escape(q));
+        }
+    }
+
+    /// The unlabelled families, read from their atomics: two gauges, then the fetch counters.
+    fn write_singles(&self, out: &mut String) {
         let singles: [(&str, &str, &str, String); 4] = [
             (
                 "playguard_busy_slots",
@@ -415,10 +388,66 @@ impl Metrics {
             ),
         ];
         for (name, kind, help, v) in singles {
-            header(&mut out, name, kind, help);
+            write_header(out, name, kind, help);
             let _ = writeln!(out, "{name} {v}");
         }
-        out
+    }
+}
+
+/// A family's `# HELP` and `# TYPE` lines.
+fn write_header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// (name, type, help) of every labelled family to write.
+fn family_names<'a>(
+    counters: &'a BTreeMap<(&'static str, Labels), u64>,
+    histograms: &'a BTreeMap<(&'static str, Labels), Histogram>,
+) -> Vec<(&'a str, &'a str, &'a str)> {
+    // Families we know first (each once, its samples right under its header), then any
+    // family another module invented, with a bare TYPE line.
+    let mut names: Vec<(&str, &str, &str)> = FAMILIES.to_vec();
+    for (name, _) in counters.keys() {
+        if family(name).is_none() && !names.iter().any(|(n, _, _)| n == name) {
+            names.push((name, "counter", "playguard counter."));
+        }
+    }
+    for (name, _) in histograms.keys() {
+        if family(name).is_none() && !names.iter().any(|(n, _, _)| n == name) {
+            names.push((name, "histogram", "playguard histogram."));
+        }
+    }
+    names
+}
+
+/// The samples of family `fname`: its counters, then its histograms (buckets, sum, count).
+fn write_samples(
+    out: &mut String,
+    fname: &str,
+    counters: &BTreeMap<(&'static str, Labels), u64>,
+    histograms: &BTreeMap<(&'static str, Labels), Histogram>,
+) {
+    for ((name, labels), v) in counters.iter().filter(|((n, _), _)| *n == fname) {
+        let _ = writeln!(out, "{name}{} {v}", fmt_labels(labels, None));
+    }
+    for ((name, labels), h) in histograms.iter().filter(|((n, _), _)| *n == fname) {
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{} {}",
+                fmt_labels(labels, Some(&b.to_string())),
+                h.counts[i]
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{} {}",
+            fmt_labels(labels, Some("+Inf")),
+            h.total
+        );
+        let _ = writeln!(out, "{name}_sum{} {}", fmt_labels(labels, None), h.sum);
+        let _ = writeln!(out, "{name}_count{} {}", fmt_labels(labels, None), h.total);
     }
 }
 

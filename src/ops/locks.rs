@@ -110,6 +110,22 @@ fn phases(work: &[(Vec<u8>, Vec<u8>)]) -> HashMap<String, Option<String>> {
 /// Every lock recorded in `playguard:locks:<identity>` of every known identity, with the
 /// ledger's fence when `db` is given (a database that does not answer becomes a note).
 pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Found> {
+    let identities = known_identities(conn).await?;
+    let recs = lock_records(conn, &identities).await?;
+    let state = key_states(conn, recs.iter().map(|(_, _, key, _, _)| key)).await?;
+    let now = super::now_ms();
+    let mut locks: Vec<Lock> = recs
+        .into_iter()
+        .zip(state.chunks(2))
+        .map(|(rec, st)| lock_of(rec, st, now))
+        .collect();
+    locks.sort_by(|a, b| a.key.cmp(&b.key).then(a.identity.cmp(&b.identity)));
+    let notes = fence_notes(db, &mut locks).await;
+    Ok(Found { locks, notes })
+}
+
+/// The identities in `processes` and `playguard:fetchers`, sorted, each once.
+async fn known_identities(conn: &mut Conn) -> redis::RedisResult<Vec<String>> {
     let (procs, fetchers): (Vec<String>, Vec<String>) = redis::pipe()
         .smembers("processes")
         .hkeys(crate::process::liveness::FETCHERS_KEY)
@@ -119,16 +135,23 @@ pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Fou
     identities.extend(fetchers);
     identities.sort();
     identities.dedup();
+    Ok(identities)
+}
 
+/// (identity, host, lock key bytes, record, phase) of every holder record of `identities`,
+/// read with each identity's `info` and work hash in one pipeline.
+async fn lock_records(
+    conn: &mut Conn,
+    identities: &[String],
+) -> redis::RedisResult<Vec<(String, String, Vec<u8>, serde_json::Value, Option<String>)>> {
     let mut pipe = redis::pipe();
-    for id in &identities {
+    for id in identities {
         pipe.hgetall(crate::cycle::lock::locks_record_key(id))
             .hget(id, "info")
             .hgetall(format!("{id}:work"));
     }
     let replies: Vec<Value> = pipe.query_async(conn).await?;
 
-    // (identity, host, lock key bytes, record, phase) of every record.
     let mut recs = Vec::new();
     for (id, r) in identities.iter().zip(replies.chunks(3)) {
         let records = pairs(&r[0]);
@@ -145,59 +168,70 @@ pub async fn collect(conn: &mut Conn, db: Option<&Db>) -> redis::RedisResult<Fou
             recs.push((id.clone(), host.clone(), key, rec, phase));
         }
     }
+    Ok(recs)
+}
 
+/// GET and PTTL of each lock key, in one pipeline (none sent when there are no keys).
+async fn key_states<'k>(
+    conn: &mut Conn,
+    keys: impl Iterator<Item = &'k Vec<u8>>,
+) -> redis::RedisResult<Vec<Value>> {
     let mut pipe = redis::pipe();
-    for (_, _, key, _, _) in &recs {
+    for key in keys {
         pipe.get(key).pttl(key);
     }
-    let state: Vec<Value> = if recs.is_empty() {
+    Ok(if pipe.is_empty() {
         Vec::new()
     } else {
         pipe.query_async(conn).await?
-    };
+    })
+}
 
-    let now = super::now_ms();
-    let mut locks: Vec<Lock> = recs
-        .into_iter()
-        .zip(state.chunks(2))
-        .map(|((identity, host, key, rec, phase), st)| {
-            let current: Option<Vec<u8>> = redis::from_redis_value_ref(&st[0]).unwrap_or(None);
-            let token = rec["token"].as_str().unwrap_or_default();
-            let held = !token.is_empty() && current.as_deref() == Some(token.as_bytes());
-            let pttl: i64 = redis::from_redis_value_ref(&st[1]).unwrap_or(-2);
-            let acquired = rec["acquired_at"].as_i64();
-            Lock {
-                key: text(&key),
-                label: rec["label"].as_str().map(str::to_string),
-                identity,
-                host,
-                jid: rec["jid"].as_str().unwrap_or_default().to_string(),
-                class: rec["class"].as_str().unwrap_or_default().to_string(),
-                phase,
-                acquired_at: acquired.map(super::rfc3339),
-                held_ms: acquired.map(|a| (now - a).max(0)),
-                left_ms: (held && pttl >= 0).then_some(pttl),
-                ttl_ms: rec["ttl_ms"].as_i64(),
-                fence: rec["fence"].as_i64(),
-                fence_from: "redis",
-                cycle_id: None,
-                state: if held { "held" } else { "stale" },
-                acquired_ms: acquired,
-            }
-        })
-        .collect();
-    locks.sort_by(|a, b| a.key.cmp(&b.key).then(a.identity.cmp(&b.identity)));
+/// One record as a `Lock`, given its key's GET and PTTL replies (`st`): held when the key
+/// still holds the recorded token.
+fn lock_of(
+    (identity, host, key, rec, phase): (String, String, Vec<u8>, serde_json::Value, Option<String>),
+    st: &[Value],
+    now: i64,
+) -> Lock {
+    let current: Option<Vec<u8>> = redis::from_redis_value_ref(&st[0]).unwrap_or(None);
+    let token = rec["token"].as_str().unwrap_or_default();
+    let held = !token.is_empty() && current.as_deref() == Some(token.as_bytes());
+    let pttl: i64 = redis::from_redis_value_ref(&st[1]).unwrap_or(-2);
+    let acquired = rec["acquired_at"].as_i64();
+    Lock {
+        key: text(&key),
+        label: rec["label"].as_str().map(str::to_string),
+        identity,
+        host,
+        jid: rec["jid"].as_str().unwrap_or_default().to_string(),
+        class: rec["class"].as_str().unwrap_or_default().to_string(),
+        phase,
+        acquired_at: acquired.map(super::rfc3339),
+        held_ms: acquired.map(|a| (now - a).max(0)),
+        left_ms: (held && pttl >= 0).then_some(pttl),
+        ttl_ms: rec["ttl_ms"].as_i64(),
+        fence: rec["fence"].as_i64(),
+        fence_from: "redis",
+        cycle_id: None,
+        state: if held { "held" } else { "stale" },
+        acquired_ms: acquired,
+    }
+}
 
+/// With a database and some locks, their fences from the ledger; the note to print when it
+/// could not be read.
+async fn fence_notes(db: Option<&Db>, locks: &mut [Lock]) -> Vec<String> {
     let mut notes = Vec::new();
     if let (Some(db), false) = (db, locks.is_empty()) {
-        if let Err(e) = ledger_fences(db, &mut locks).await {
+        if let Err(e) = ledger_fences(db, locks).await {
             notes.push(format!(
                 "could not read the fences from playguard_cycles at {} ({e}): the fences shown are the Redis acquire script's; a fence = \"database\" lock uses playguard_fences'",
                 db.shown_url()
             ));
         }
     }
-    Ok(Found { locks, notes })
+    notes
 }
 
 /// Replace each lock's fence by its running cycle's ledger fence (the one the cycle uses).

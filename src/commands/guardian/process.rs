@@ -47,6 +47,32 @@ struct Guardian {
 }
 
 pub(super) fn guard(worker: i32) -> i32 {
+    let Some(sigfd) = signal_fd() else {
+        return 1;
+    };
+    if !watch_worker(worker) {
+        return 0;
+    }
+    let Some(sock) = take_socket() else {
+        return 1;
+    };
+    let mut g = Guardian {
+        sock,
+        groups: HashMap::new(),
+        ids: HashMap::new(),
+        fds: VecDeque::new(),
+        out: Vec::new(),
+        held: Vec::new(),
+        held_until: None,
+        stack: vec![0; CHILD_STACK],
+    };
+    serve(&mut g, &sigfd, worker);
+    g.shutdown();
+    0
+}
+
+/// Block the signals we handle and open the signalfd they arrive through instead.
+fn signal_fd() -> Option<nix::sys::signalfd::SignalFd> {
     // Signals arrive through a signalfd. Blocked (not ignored) ones are not inherited as
     // ignored: std resets the mask of every process it spawns.
     let mut mask = SigSet::empty();
@@ -61,31 +87,36 @@ pub(super) fn guard(worker: i32) -> i32 {
         mask.add(s);
     }
     if mask.thread_block().is_err() {
-        return 1;
+        return None;
     }
-    let Ok(sigfd) = nix::sys::signalfd::SignalFd::with_flags(
+    nix::sys::signalfd::SignalFd::with_flags(
         &mask,
         nix::sys::signalfd::SfdFlags::SFD_CLOEXEC | nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
-    ) else {
-        return 1;
-    };
-    // SAFETY: prctl/getppid/fcntl/open/dup2 on our own process and fds.
+    )
+    .ok()
+}
+
+/// Ask for SIGUSR2 when the worker dies and become our descendants' reaper; false when the
+/// worker is already gone.
+fn watch_worker(worker: i32) -> bool {
+    // SAFETY: prctl/getppid on our own process.
     unsafe {
         // The worker dying sends SIGUSR2 (also when only the thread that spawned us exits:
         // hence the getppid check when it comes). Our orphaned descendants are reparented to
         // us, so we can reap them and tell when a killed group is really empty.
         nix::libc::prctl(nix::libc::PR_SET_PDEATHSIG, nix::libc::SIGUSR2, 0, 0, 0);
         nix::libc::prctl(nix::libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-        if nix::libc::getppid() != worker {
-            return 0;
-        }
+        nix::libc::getppid() == worker
     }
-    // The socket came as stdin: move it to a close-on-exec fd and put /dev/null on 0.
+}
+
+/// The worker's socket, which came as stdin, moved to a close-on-exec fd; /dev/null goes on 0.
+fn take_socket() -> Option<OwnedFd> {
     // SAFETY: fcntl on fd 0, which we own.
     let sock = unsafe {
         let fd = nix::libc::fcntl(0, nix::libc::F_DUPFD_CLOEXEC, 3);
         if fd < 0 {
-            return 1;
+            return None;
         }
         OwnedFd::from_raw_fd(fd)
     };
@@ -93,77 +124,20 @@ pub(super) fn guard(worker: i32) -> i32 {
         // SAFETY: dup2 onto fd 0.
         unsafe { nix::libc::dup2(null.as_raw_fd(), 0) };
     }
-    let mut g = Guardian {
-        sock,
-        groups: HashMap::new(),
-        ids: HashMap::new(),
-        fds: VecDeque::new(),
-        out: Vec::new(),
-        held: Vec::new(),
-        held_until: None,
-        stack: vec![0; CHILD_STACK],
-    };
+    Some(sock)
+}
+
+/// The guardian's loop: wait, take signals and requests, expire countdowns, report; until the
+/// worker is gone or its socket fails.
+fn serve(g: &mut Guardian, sigfd: &nix::sys::signalfd::SignalFd, worker: i32) {
     let mut buf = Vec::new();
     let mut chunk = vec![0u8; 64 * 1024];
-    loop {
-        let timeout = g
-            .groups
-            .values()
-            .filter_map(|gr| gr.deadline)
-            .chain(g.held_until)
-            .min()
-            .map(|d| {
-                let left = d.saturating_duration_since(Instant::now());
-                // Round up: waking a millisecond early would only loop.
-                (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
-            })
-            .unwrap_or(-1);
-        let mut pfds = [
-            nix::libc::pollfd {
-                fd: g.sock.as_raw_fd(),
-                events: nix::libc::POLLIN,
-                revents: 0,
-            },
-            nix::libc::pollfd {
-                fd: sigfd.as_raw_fd(),
-                events: nix::libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: poll on two valid pollfds.
-        let n = unsafe { nix::libc::poll(pfds.as_mut_ptr(), 2, timeout) };
-        if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+    while let Some((sock_ready, sig_ready)) = wait(g, sigfd) {
+        if sig_ready && take_signals(g, sigfd, worker) {
             break;
         }
-        if pfds[1].revents != 0 {
-            let mut worker_gone = false;
-            while let Ok(Some(si)) = sigfd.read_signal() {
-                if si.ssi_signo == Signal::SIGUSR2 as u32 {
-                    // SAFETY: getppid cannot fail.
-                    worker_gone |= unsafe { nix::libc::getppid() } != worker;
-                }
-                // SIGCHLD: reaped below either way. TERM/INT/HUP/QUIT: we guard until the
-                // worker is gone, whoever asks.
-            }
-            g.reap();
-            if worker_gone {
-                break;
-            }
-        }
-        if pfds[0].revents != 0 {
-            match g.receive(&mut chunk) {
-                Ok(Some(0)) | Err(_) => break,
-                Ok(Some(n)) => buf.extend_from_slice(&chunk[..n]),
-                Ok(None) => {}
-            }
-            let mut reqs = Vec::new();
-            let ok = frames(&mut buf, |tag, b| reqs.push((tag, b.0.to_vec())));
-            for (tag, body) in reqs {
-                g.handle(tag, Body(&body));
-            }
-            if ok.is_err() {
-                break;
-            }
+        if sock_ready && !take_requests(g, &mut buf, &mut chunk) {
+            break;
         }
         g.expire();
         if g.held_until.is_some_and(|t| t <= Instant::now()) {
@@ -173,8 +147,72 @@ pub(super) fn guard(worker: i32) -> i32 {
             break;
         }
     }
-    g.shutdown();
-    0
+}
+
+/// Poll the socket and the signalfd until the next countdown or held start is due: whether
+/// each is readable (both false after EINTR), None when poll fails.
+fn wait(g: &Guardian, sigfd: &nix::sys::signalfd::SignalFd) -> Option<(bool, bool)> {
+    let timeout = g
+        .groups
+        .values()
+        .filter_map(|gr| gr.deadline)
+        .chain(g.held_until)
+        .min()
+        .map(|d| {
+            let left = d.saturating_duration_since(Instant::now());
+            // Round up: waking a millisecond early would only loop.
+            (left.as_micros().div_ceil(1000)).min(i32::MAX as u128) as i32
+        })
+        .unwrap_or(-1);
+    let mut pfds = [
+        nix::libc::pollfd {
+            fd: g.sock.as_raw_fd(),
+            events: nix::libc::POLLIN,
+            revents: 0,
+        },
+        nix::libc::pollfd {
+            fd: sigfd.as_raw_fd(),
+            events: nix::libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: poll on two valid pollfds.
+    let n = unsafe { nix::libc::poll(pfds.as_mut_ptr(), 2, timeout) };
+    if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+        return None;
+    }
+    Some((pfds[0].revents != 0, pfds[1].revents != 0))
+}
+
+/// Drain the signalfd and reap; true when the worker is gone.
+fn take_signals(g: &mut Guardian, sigfd: &nix::sys::signalfd::SignalFd, worker: i32) -> bool {
+    let mut worker_gone = false;
+    while let Ok(Some(si)) = sigfd.read_signal() {
+        if si.ssi_signo == Signal::SIGUSR2 as u32 {
+            // SAFETY: getppid cannot fail.
+            worker_gone |= unsafe { nix::libc::getppid() } != worker;
+        }
+        // SIGCHLD: reaped below either way. TERM/INT/HUP/QUIT: we guard until the
+        // worker is gone, whoever asks.
+    }
+    g.reap();
+    worker_gone
+}
+
+/// Read what the worker sent and handle every whole request in it; false when the socket
+/// reached EOF or failed, or a frame did not parse.
+fn take_requests(g: &mut Guardian, buf: &mut Vec<u8>, chunk: &mut [u8]) -> bool {
+    match g.receive(chunk) {
+        Ok(Some(0)) | Err(_) => return false,
+        Ok(Some(n)) => buf.extend_from_slice(&chunk[..n]),
+        Ok(None) => {}
+    }
+    let mut reqs = Vec::new();
+    let ok = frames(buf, |tag, b| reqs.push((tag, b.0.to_vec())));
+    for (tag, body) in reqs {
+        g.handle(tag, Body(&body));
+    }
+    ok.is_ok()
 }
 
 impl Guardian {
