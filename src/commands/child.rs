@@ -73,11 +73,6 @@ fn base_env() -> &'static [(OsString, OsString)] {
     })
 }
 
-/// The guardian's argument for worker pid `worker` (in /proc/<pid>/cmdline; `loops/sweeper.rs`).
-pub fn shepherd_name(worker: u32) -> String {
-    crate::commands::guardian::shepherd_name(worker)
-}
-
 /// SIGKILLs a process group when dropped.
 struct GroupGuard(Option<Pid>);
 
@@ -150,7 +145,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         Ok(p) => p,
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: pipes: {e}")),
     };
-    let budget = spec.keepalive.as_ref().and_then(|l| l.shepherd_budget());
+    let budget = spec.keepalive.as_ref().and_then(|l| l.guardian_budget());
     let (handle, events) = match start(prog, &spec, &env, budget, vec![in_r, out_w, err_w]) {
         Ok(started) => started,
         Err(exit) => return exit,
@@ -298,7 +293,7 @@ async fn keepalives(lease: Option<&Liveness>, budget: Option<u64>, handle: &Hand
             if !lv.is_live() {
                 continue;
             }
-            if let Some(n) = lv.shepherd_budget() {
+            if let Some(n) = lv.guardian_budget() {
                 handle.keepalive(n);
             }
         },

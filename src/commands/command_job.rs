@@ -50,12 +50,12 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
             message,
             stderr_tail,
         } => Some(Failure {
-            class: error_class::COMMAND_ERROR.into(),
+            class: error_class::COMMAND_FAILED.into(),
             message,
             backtrace: stderr_tail.into_iter().rev().collect(),
         }),
-        Exit::Killed { why } => Some(Failure::new(error_class::TIMEOUT_ERROR, why)),
-        Exit::SpawnFailed(m) => Some(Failure::new(error_class::COMMAND_ERROR, m)),
+        Exit::Killed { why } => Some(Failure::new(error_class::TIMEOUT, why)),
+        Exit::SpawnFailed(m) => Some(Failure::new(error_class::COMMAND_FAILED, m)),
         Exit::BadInput(m) => Some(Failure::new(crate::job::error_class::BAD_ARGUMENTS, m)),
     }
 }
@@ -115,7 +115,7 @@ impl Handler for CommandJob {
                 }
             };
             let exit = run_for(&ctx, &argv, inherit.as_deref(), env, stop).await;
-            // Stopped by us or by its shepherd because our lease lapsed: back to the queue
+            // Stopped by us or by its guardian because our lease lapsed: back to the queue
             // (unless the sweep already took it), never a retry beside the recovered copy.
             if !matches!(exit, Exit::Success) && ctx.liveness.lapsed() {
                 return Outcome::Requeue;

@@ -547,7 +547,7 @@ impl Running<'_> {
             }
             PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
                 let message = format!("phase {name} timed out after {:.1}s", took.as_secs_f64());
-                let f = Failure::new(error_class::TIMEOUT_ERROR, message.clone());
+                let f = Failure::new(error_class::TIMEOUT, message.clone());
                 Ending::new(
                     End::Failed,
                     phase,

@@ -65,7 +65,7 @@ impl Phase for CommandPhase {
                 }
             };
             let exit = run_for(&ctx.job, &argv, inherit.as_deref(), env, stop).await;
-            // Killed by its shepherd while we were frozen, or by us: not a phase failure.
+            // Killed by its guardian while we were frozen, or by us: not a phase failure.
             if !matches!(exit, Exit::Success) && ctx.job.liveness.lapsed() {
                 return PhaseEnd::Stopped(StopCause::Liveness);
             }

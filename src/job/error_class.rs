@@ -1,25 +1,26 @@
 //! The `error_class` strings playguard writes into failed jobs (the retry and dead sets show
 //! them in Sidekiq's Web UI as the exception class), in one place. Ruby-side names where Ruby
-//! has one (`NameError`), `Playguard::*` for failures only playguard can have.
+//! has one (`NameError`), `Playguard::*` for failures only playguard can have; each
+//! constant is named after its string.
 //! Touches no Redis keys.
 
 /// error_class recorded when a command exits non-zero.
-pub const COMMAND_ERROR: &str = "Playguard::CommandFailed";
+pub const COMMAND_FAILED: &str = "Playguard::CommandFailed";
 /// error_class recorded when a command outlives its timeout.
-pub const TIMEOUT_ERROR: &str = "Playguard::Timeout";
+pub const TIMEOUT: &str = "Playguard::Timeout";
 /// error_class of a job whose `queue:<q>` key holds another type than a list.
 pub const BAD_QUEUE_KEY: &str = "Playguard::BadQueueKey";
 /// error_class of a payload that parses but is not a job (no class, args not an array).
-pub const INVALID_PAYLOAD_ERROR: &str = "Playguard::InvalidPayload";
+pub const INVALID_PAYLOAD: &str = "Playguard::InvalidPayload";
 /// error_class for a class nobody registered: what Ruby raises when constantize fails.
-pub const UNKNOWN_CLASS_ERROR: &str = "NameError";
-/// error_class of a job whose arguments cannot form its lock key (see manifest::render_key).
+pub const NAME_ERROR: &str = "NameError";
+/// error_class of a job whose arguments cannot form its lock key (see cycle/keys.rs, render_key).
 pub const BAD_LOCK_KEY: &str = "Playguard::BadLockKey";
 /// error_class of a job whose data cannot be handed to a command (a NUL byte, too big for exec).
 pub const BAD_ARGUMENTS: &str = "Playguard::BadArguments";
 /// error_class when the lock cannot even be attempted (Redis unreachable at acquire).
 pub const LOCK_ERROR: &str = "Playguard::LockError";
 /// error_class of a job recovered from dead workers too often (a poison pill).
-pub const POISON_ERROR: &str = "Playguard::PoisonPill";
+pub const POISON_PILL: &str = "Playguard::PoisonPill";
 /// A Rust handler or a phase that panicked.
 pub const PANIC: &str = "Playguard::Panic";

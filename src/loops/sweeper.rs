@@ -51,14 +51,14 @@ fn local_pid_gone(identity: &str, their_ns: &str) -> bool {
     matches!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
         Err(nix::errno::Errno::ESRCH)
-    ) && !shepherds_left(pid as u32)
+    ) && !guardians_left(pid as u32)
 }
 
-/// Whether a command shepherd of worker `pid` is still alive. A dead worker's shepherds kill
+/// Whether a command guardian of worker `pid` is still alive. A dead worker's guardians kill
 /// their groups on PDEATHSIG, but that takes them a moment: until the last is gone, a command
 /// may still run, so the pid alone does not let us recover its job (or free its locks) yet.
-fn shepherds_left(pid: u32) -> bool {
-    let needle = crate::commands::child::shepherd_name(pid);
+fn guardians_left(pid: u32) -> bool {
+    let needle = crate::commands::guardian::guardian_arg(pid);
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return true;
     };
@@ -264,7 +264,7 @@ async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
     for raw in pills {
         let payload = crate::job::retry::dead_entry(
             &raw,
-            error_class::POISON_ERROR,
+            error_class::POISON_PILL,
             &format!(
                 "recovered {MAX_RECOVERIES} times from workers that died while running it \
                  (killed, OOM or lost host); not run again"

@@ -93,8 +93,8 @@ fn parse(worker: &Worker, f: &UnitOfWork) -> Result<Job, (String, Option<Vec<u8>
     let job = parsed.map_err(|e| (e, None))?;
     if let Err(e) = job.check() {
         // Readable, so it is kept with the reason (the Web UI shows it), the rest unchanged.
-        let entry = crate::job::retry::dead_entry(&f.raw, error_class::INVALID_PAYLOAD_ERROR, &e);
-        let why = format!("{}: {e}", error_class::INVALID_PAYLOAD_ERROR);
+        let entry = crate::job::retry::dead_entry(&f.raw, error_class::INVALID_PAYLOAD, &e);
+        let why = format!("{}: {e}", error_class::INVALID_PAYLOAD);
         return Err((why, Some(entry)));
     }
     Ok(job)
@@ -136,7 +136,7 @@ async fn run_job(
     let known = handler.is_some();
     let outcome = match handler {
         None => Outcome::Failed(Failure::new(
-            error_class::UNKNOWN_CLASS_ERROR,
+            error_class::NAME_ERROR,
             format!("uninitialized constant {class}"),
         )),
         Some(h) => {

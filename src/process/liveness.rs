@@ -7,7 +7,7 @@
 //!
 //! A frozen process (SIGSTOP, VM pause) cannot stop anything itself, so our command guardian
 //! (`commands/guardian/`, a separate process) gets a countdown per command from us on its socket and
-//! kills that command's group when it runs out: that budget is [`Liveness::shepherd_budget`],
+//! kills that command's group when it runs out: that budget is [`Liveness::guardian_budget`],
 //! which never lets a command outlive the alive key. Touches no Redis keys itself.
 
 use std::sync::Arc;
@@ -155,7 +155,7 @@ impl Liveness {
     /// `left`, so the guardian never fires before our own deadline (we have stopped the job
     /// first when we are running), and less than `left + 2` s, within LIVENESS_MARGIN. None: no
     /// lease to keep (disabled, or before the first beat).
-    pub fn shepherd_budget(&self) -> Option<u64> {
+    pub fn guardian_budget(&self) -> Option<u64> {
         self.tx.as_ref()?;
         let s = self.state();
         let d = s.deadline?;
@@ -205,13 +205,13 @@ mod tests {
     async fn lapses_at_the_deadline_and_a_beat_ends_it() {
         let l = Liveness::new();
         assert!(l.is_live(), "no lease yet is not a lapse");
-        assert_eq!(l.shepherd_budget(), None);
+        assert_eq!(l.guardian_budget(), None);
         let ttl = Duration::from_secs(ALIVE_TTL_SECS as u64) - LIVENESS_MARGIN;
         // A beat sent long enough ago that its lease has 300 ms left.
         let sent = Instant::now() - ttl + Duration::from_millis(300);
         assert!(!l.refreshed(sent));
         let e = l.epoch();
-        assert_eq!(l.shepherd_budget(), Some(2), "ceil(0.3 s) + 1");
+        assert_eq!(l.guardian_budget(), Some(2), "ceil(0.3 s) + 1");
         assert!(!l.lapsed_since(e));
         tokio::time::timeout(Duration::from_secs(5), l.lapse_after(e))
             .await
@@ -222,7 +222,7 @@ mod tests {
         assert!(l.is_live());
         assert!(l.lapsed_since(e), "a job from before the lapse still knows");
         assert!(!l.lapsed_since(l.epoch()));
-        assert_eq!(l.shepherd_budget(), Some(ttl.as_secs() + 1));
+        assert_eq!(l.guardian_budget(), Some(ttl.as_secs() + 1));
     }
 
     #[tokio::test]
@@ -230,7 +230,7 @@ mod tests {
         let l = Liveness::disabled();
         assert!(!l.refreshed(Instant::now()));
         assert!(l.is_live() && !l.lapsed_since(0));
-        assert_eq!(l.shepherd_budget(), None);
+        assert_eq!(l.guardian_budget(), None);
         assert!(
             tokio::time::timeout(Duration::from_millis(20), l.lapse_after(0))
                 .await

@@ -3,7 +3,7 @@
 //! Touches no Redis keys.
 
 use super::frame::{frames, Frame};
-use super::shepherd_name;
+use super::guardian_arg;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::socket::{ControlMessage, MsgFlags, UnixAddr};
@@ -93,7 +93,7 @@ fn start() -> std::io::Result<Arc<Conn>> {
     // so a signal to the worker's group (a terminal's ^C, a supervisor's killpg) leaves it to
     // clean up after the worker; it sets its own PDEATHSIG.
     let child = std::process::Command::new(own_exe())
-        .arg(shepherd_name(std::process::id()))
+        .arg(guardian_arg(std::process::id()))
         .stdin(Stdio::from(theirs))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

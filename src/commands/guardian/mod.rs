@@ -22,7 +22,7 @@
 //! - guardian → worker `x` exited: id u64, raw wait status i32.
 //!
 //! The guardian SIGKILLs a group when its countdown runs out (the frozen-worker case,
-//! [`crate::process::liveness::Liveness::shepherd_budget`]), right after its leader exited (nothing of
+//! [`crate::process::liveness::Liveness::guardian_budget`]), right after its leader exited (nothing of
 //! a finished command is left behind), and every group it started when the worker goes (EOF
 //! on the socket, or PR_SET_PDEATHSIG). It exits only once those groups are empty, so while a
 //! dead worker's command may still run, the sweep still sees `playguard-shepherd:<pid>`.
@@ -36,10 +36,12 @@ pub(crate) use client::{cloexec_pipe, get, Event, Handle};
 use std::time::Duration;
 
 /// The guardian's argument, which names its worker (`/proc/<pid>/cmdline` shows it).
-pub fn shepherd_name(worker: u32) -> String {
-    format!("playguard-shepherd:{worker}")
+pub fn guardian_arg(worker: u32) -> String {
+    format!("{PREFIX}{worker}")
 }
 
+/// The argument keeps the component's first name: a worker's sweep must recognise the
+/// guardians of workers of earlier versions still running beside it.
 pub(crate) const PREFIX: &str = "playguard-shepherd:";
 /// A sane cap on one frame: exec itself refuses far less (ARG_MAX), so only a broken peer
 /// sends more.
