@@ -27,7 +27,7 @@ fn non_utf8_output_is_logged_lossily_and_the_command_runs_on() {
          i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done\n\
          echo finished > finished.txt\n",
     )]);
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["Latin1Job"]);
     w.wait_for_line("line 2999", Duration::from_secs(20));
     wait_until("the job finished", Duration::from_secs(20), || {
@@ -49,13 +49,13 @@ fn an_overlong_line_is_cut() {
         "long",
         "#!/bin/sh\nhead -c 1048576 /dev/zero | tr '\\0' x\necho\necho short-after\n",
     )]);
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["LongLineJob"]);
     w.wait_for_line("short-after", Duration::from_secs(20));
     wait_until("the job finished", Duration::from_secs(20), || {
         w.saw("done elapsed_ms")
     });
-    let lines = w.lines.lock().unwrap().clone();
+    let lines = w.lines();
     let longest = lines.iter().map(String::len).max().unwrap();
     assert!(longest < 20_000, "a log line of {longest} bytes");
     assert!(lines
@@ -88,20 +88,17 @@ fn a_grandchild_holding_the_pipes_does_not_keep_the_job_running() {
         "#!/bin/sh\nsetsid sleep 120 &\necho $! >> grandchild.pid\necho started\n",
     )]);
     let _gc = KillPidFile(p.path().join("grandchild.pid"));
-    let mut w = Worker::start(&redis, p.path(), &["-c", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
     enqueue(&redis, &["LeakyJob"]);
     w.wait_for_line("started", Duration::from_secs(20));
     // Well before the grandchild's 120 s: the job is done and the one slot runs the next job.
     w.wait_for_line("done elapsed_ms", Duration::from_secs(30));
     enqueue(&redis, &["LeakyJob"]);
     wait_until("the second job finished", Duration::from_secs(30), || {
-        w.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains("done elapsed_ms"))
-            .count()
-            == 2
+        w.count_lines("done elapsed_ms") == 2
     });
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
@@ -124,7 +121,7 @@ fn a_command_gets_exactly_its_argv_and_environment() {
         "[[job]]\nclass = \"ArgsJob\"\nrun = [\"jobs/bin/args\", \"one\", \"two words\", \"\"]\n\
          [[job]]\nclass = \"BareJob\"\nrun = [\"sh\", \"-c\", \"echo \\\"$0 $#\\\" > bare.txt\", \"zero\"]\n",
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["ArgsJob"]);
     enqueue(&redis, &["BareJob"]);
     let read = |f: &str| std::fs::read_to_string(p.path().join(f)).unwrap_or_default();
@@ -177,17 +174,10 @@ fn a_command_starts_in_its_own_group_with_no_signal_blocked_and_only_its_stdio()
         "[[job]]\nclass = \"StateJob\"\n\
          run = [\"/bin/sh\", \"-c\", \"echo command-pid=$$ end; exec sleep 60\"]\n",
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["StateJob"]);
     w.wait_for_line("command-pid=", Duration::from_secs(20));
-    let line = w
-        .lines
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|l| l.contains("command-pid="))
-        .cloned()
-        .unwrap();
+    let line = w.line_with("command-pid=").unwrap();
     let pid: i32 = line
         .split("command-pid=")
         .nth(1)

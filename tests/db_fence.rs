@@ -53,17 +53,11 @@ fn redis_exists(redis: &RedisServer, key: &str) -> bool {
 }
 
 fn worker(redis: &RedisServer, pg: &PostgresServer, p: &Project) -> Worker {
-    Worker::start_with_env(
-        redis,
-        p.path(),
-        &["-c", "2", "-t", "5"],
-        &[("DATABASE_URL", &pg.url())],
-    )
-}
-
-fn stop(w: &mut Worker) {
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(PATIENCE), Some(0), "{}", w.output());
+    Worker::builder(redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-t", "5"])
+        .env("DATABASE_URL", pg.url())
+        .start()
 }
 
 /// A phase that waits for the file `$1.go` (created by the test) after touching `$1.started`.
@@ -119,7 +113,7 @@ run = ["jobs/bin/record"]
     run_once(&redis, "DbFenced");
     run_once(&redis, "RedisFenced");
     run_once(&redis, "DbFenced");
-    stop(&mut w);
+    w.stop(PATIENCE);
     let first_db: i64 = read(&log)
         .lines()
         .find_map(|l| l.strip_prefix("DbFenced "))
@@ -141,7 +135,7 @@ run = ["jobs/bin/record"]
         run_once(&redis, "RedisFenced");
         run_once(&redis, "DbFenced");
     }
-    stop(&mut w);
+    w.stop(PATIENCE);
 
     for class in ["RedisFenced", "DbFenced"] {
         let fences: Vec<i64> = read(&log)
@@ -374,7 +368,7 @@ run = ["jobs/bin/done"]
         let rows = ledger(&pg, "lock:kill");
         rows.iter().any(|r| r.1 == "complete") && !rows.iter().any(|r| r.1 == "running")
     });
-    stop(&mut b);
+    b.stop(PATIENCE);
     let rows = ledger(&pg, "lock:kill");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (fence_a, "uncertain"));
     assert!(rows[0].3.contains("no outcome recorded"), "{rows:?}");
@@ -455,7 +449,7 @@ run = ["jobs/bin/after"]
         read(&p.path().join("after.log")).lines().count() == 1
     });
     w.wait_for_line("lock released (cycle complete)", PATIENCE);
-    stop(&mut w);
+    w.stop(PATIENCE);
     let rows = ledger(&pg, "lock:pgstop");
     let outcomes: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(outcomes, ["uncertain", "complete"], "{rows:?}");

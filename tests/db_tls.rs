@@ -43,12 +43,11 @@ fn read(p: &Path) -> String {
 /// Start a worker on `url`, run one cycle of Marquee 7 and wait for its ledger row to be
 /// `complete`; the worker is returned still running.
 fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -> Worker {
-    let w = Worker::start_with_env(
-        redis,
-        p.path(),
-        &["-c", "2", "-t", "5"],
-        &[("DATABASE_URL", url)],
-    );
+    let w = Worker::builder(redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-t", "5"])
+        .env("DATABASE_URL", url)
+        .start();
     enqueue(redis, &["TlsFenced", "7"]);
     let log = p.path().join("fences.log");
     wait_until("the cycle's fence line", PATIENCE, || {
@@ -69,14 +68,12 @@ fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -
     w
 }
 
-fn stop(w: &mut Worker) {
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(PATIENCE), Some(0), "{}", w.output());
-}
-
 /// `playguard run` that must stop at start: (exit code, its stderr line(s)).
 fn run_refused(redis: &RedisServer, p: &Project, url: &str) -> (Option<i32>, String) {
-    let mut w = Worker::start_with_env(redis, p.path(), &[], &[("DATABASE_URL", url)]);
+    let mut w = Worker::builder(redis)
+        .jobs(p.path())
+        .env("DATABASE_URL", url)
+        .start();
     let code = w.wait_exit(PATIENCE);
     let err: Vec<String> = w
         .output()
@@ -126,7 +123,7 @@ fn require_connects_over_tls_and_the_cycle_runs() {
         .map(|(a, b)| (a.parse::<i64>().unwrap(), b.parse::<i64>().unwrap()))
         .unwrap();
     assert!(tls >= 1 && plain == 0, "tls={tls} plain={plain}");
-    stop(&mut w);
+    w.stop(PATIENCE);
     assert!(!w.output().contains("not-shown-anywhere"), "{}", w.output());
 }
 
@@ -143,7 +140,7 @@ fn verify_full_with_the_servers_ca_connects() {
         &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
     );
     let mut w = one_cycle(&redis, &pg, &p, &url);
-    stop(&mut w);
+    w.stop(PATIENCE);
     let url = pg.url_with(
         "127.0.0.1",
         &format!("sslmode=verify-ca&sslrootcert={}", ca.display()),
@@ -209,7 +206,7 @@ fn disable_is_refused_by_a_tls_only_server_and_prefer_tries_tls() {
         "{line}"
     );
     let mut w = one_cycle(&redis, &pg, &p, &pg.url_with("127.0.0.1", "sslmode=prefer"));
-    stop(&mut w);
+    w.stop(PATIENCE);
 }
 
 /// `playguard check` with sslmode=require reaches the TLS-only server and says so.

@@ -85,14 +85,20 @@ fn pid_alive(pid: i32) -> bool {
 fn frozen_worker_command_is_killed_before_its_job_runs_again() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("LongJob", "long", LONG)]);
-    let w1 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w1 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let id1 = identity_of(&redis, &w1);
     enqueue(&redis, &["LongJob"]);
     wait_until("the first copy started", Duration::from_secs(20), || {
         starts(&p).len() == 1
     });
     let first = starts(&p)[0].pid;
-    let w2 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     identity_of(&redis, &w2);
 
     // Frozen past the alive TTL: the second worker's sweep recovers the job.
@@ -183,7 +189,10 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
     let p = Project::new();
     p.script("jobs/bin/long", LONG);
     p.write("jobs/app.toml", &reconcile_manifest(600));
-    let mut w1 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w1 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let id1 = identity_of(&redis, &w1);
     let jid = enqueue(&redis, &["PlayguardJob", "7"]);
     wait_until(
@@ -227,7 +236,10 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
     assert_eq!(v["ttl_ms"].as_i64(), Some(600_000));
     assert!(v["acquired_at"].as_i64().unwrap() > 1_600_000_000_000);
 
-    let w2 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let id2 = identity_of(&redis, &w2);
     w1.kill9();
     // The lease has ~600 s left; the sweep must free it rather than wait for it.
@@ -282,7 +294,10 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
 fn worker_cut_off_from_redis_stops_its_job_and_hands_it_back() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("LongJob", "long", LONG)]);
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     identity_of(&redis, &w);
     enqueue(&redis, &["LongJob"]);
     wait_until("the job started", Duration::from_secs(20), || {

@@ -54,10 +54,9 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
     let p = project();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &[
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args([
             "-c",
             "1",
             "-q",
@@ -66,8 +65,8 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
             "default",
             "--metrics-addr",
             &addr,
-        ],
-    );
+        ])
+        .start();
     wait_until("/health answers 200", Duration::from_secs(20), || {
         http_get(port, "/health").map(|r| r.0) == Some(200)
     });
@@ -242,7 +241,10 @@ fn class_labels_are_bounded() {
     let p = project();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _w = Worker::start(&redis, p.path(), &["--metrics-addr", &addr]);
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--metrics-addr", &addr])
+        .start();
     for i in 0..150 {
         push(
             &redis,
@@ -292,7 +294,10 @@ fn connections_are_bounded_and_slow_clients_dropped() {
     let p = project();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _w = Worker::start(&redis, p.path(), &["--metrics-addr", &addr]);
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--metrics-addr", &addr])
+        .start();
     wait_until("the endpoint answers", Duration::from_secs(20), || {
         http_get(port, "/metrics").is_some()
     });

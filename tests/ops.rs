@@ -44,12 +44,11 @@ fn project() -> Project {
 }
 
 fn worker(redis: &RedisServer, pg: &PostgresServer, p: &Project) -> Worker {
-    Worker::start_with_env(
-        redis,
-        p.path(),
-        &["-c", "3", "-t", "5"],
-        &[("DATABASE_URL", &pg.url())],
-    )
+    Worker::builder(redis)
+        .jobs(p.path())
+        .args(["-c", "3", "-t", "5"])
+        .env("DATABASE_URL", pg.url())
+        .start()
 }
 
 /// `playguard <args>` with exactly `env` (DATABASE_URL only when given): (exit, stdout, stderr).
@@ -262,8 +261,7 @@ fn locks_lists_the_running_cycle_with_its_phase_and_fence_then_forgets_it() {
     wait_until("no lock listed after completion", PATIENCE, || {
         locks(&redis, Some(&pg)).is_empty()
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(PATIENCE), Some(0), "{}", w.output());
+    w.stop(PATIENCE);
 }
 
 /// The ledger through `playguard cycles`: complete, lock_lost and uncertain rows with their

@@ -84,9 +84,7 @@ fn tick_logs(w: &Worker) -> Vec<(u64, usize)> {
         l.split_whitespace()
             .find_map(|t| t.strip_prefix(name).map(str::to_string))
     };
-    w.lines
-        .lock()
-        .unwrap()
+    w.lines()
         .iter()
         .filter(|l| l.contains("periodic tick") && l.contains("periodic=dispatch"))
         .filter_map(|l| {
@@ -116,7 +114,12 @@ fn three_processes_enqueue_each_member_once_per_tick() {
     let _: () = redis::cmd("SADD").arg(SET).arg(&old).query(&mut c).unwrap();
 
     let mut workers: Vec<Worker> = (0..3)
-        .map(|_| Worker::start(&redis, p.path(), &["-q", "default"]))
+        .map(|_| {
+            Worker::builder(&redis)
+                .jobs(p.path())
+                .args(["-q", "default"])
+                .start()
+        })
         .collect();
     wait_until(
         "three processes registered",
@@ -285,7 +288,10 @@ retry = 3
         .arg(&members)
         .query(&mut c)
         .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &["-q", "default"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "default"])
+        .start();
     wait_until(
         "both entries dispatched once",
         Duration::from_secs(20),
@@ -360,7 +366,12 @@ fn a_redis_outage_neither_loses_nor_doubles_a_claimed_tick() {
         .query(&mut c)
         .unwrap();
     let mut workers: Vec<Worker> = (0..2)
-        .map(|_| Worker::start(&redis, p.path(), &["-q", "default"]))
+        .map(|_| {
+            Worker::builder(&redis)
+                .jobs(p.path())
+                .args(["-q", "default"])
+                .start()
+        })
         .collect();
     wait_until("a first tick dispatched", Duration::from_secs(20), || {
         !fingerprints(&redis, "dispatch").is_empty()

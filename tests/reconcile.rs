@@ -103,8 +103,14 @@ fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parall
             ],
         ),
     );
-    let w1 = Worker::start(&redis, p.path(), &["-c", "6"]);
-    let w2 = Worker::start(&redis, p.path(), &["-c", "6"]);
+    let w1 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "6"])
+        .start();
+    let w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "6"])
+        .start();
     w1.wait_for_line("playguard starting", Duration::from_secs(10));
     w2.wait_for_line("playguard starting", Duration::from_secs(10));
     for _ in 0..10 {
@@ -115,14 +121,7 @@ fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parall
     let skipped = || {
         [&w1, &w2]
             .iter()
-            .map(|w| {
-                w.lines
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|l| l.contains("Marquee 1 is already locked"))
-                    .count()
-            })
+            .map(|w| w.count_lines("Marquee 1 is already locked"))
             .sum::<usize>()
     };
     let done_cycles = |e: &[Entry], m: &str| {
@@ -175,7 +174,7 @@ fn renewal_carries_a_cycle_longer_than_the_ttl() {
             ],
         ),
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlayguardJob", "7"]);
     wait_until("cycle complete", Duration::from_secs(30), || {
         w.saw("lock released (cycle complete)")
@@ -212,7 +211,7 @@ fn a_hung_phase_is_killed_before_its_lease_can_expire() {
             &[("hang", "jobs/bin/hang"), ("after", "jobs/bin/phase")],
         ),
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlayguardJob", "9"]);
     let read_pid = |f: &str| {
         std::fs::read_to_string(p.path().join(f))
@@ -268,7 +267,7 @@ fn redis_lost_during_a_phase_starts_no_further_phase_and_the_worker_survives() {
             &[("first", "jobs/bin/phase"), ("second", "jobs/bin/phase")],
         ) + "[[job]]\nclass = \"MarkJob\"\nrun = [\"jobs/bin/mark\"]\n"),
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlayguardJob", "5"]);
     wait_until("first phase running", Duration::from_secs(10), || {
         ledger(&p).iter().any(|e| e.kind == "start")
@@ -305,7 +304,10 @@ fn paused_worker_loses_its_lease_and_leaves_the_new_owner_alone() {
         "jobs/app.toml",
         &manifest(3.0, &[("one", "jobs/bin/short"), ("two", "jobs/bin/long")]),
     );
-    let a = Worker::start(&redis, p.path(), &["-c", "1"]);
+    let a = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "4"]);
     wait_until("A in phase one", Duration::from_secs(10), || {
         ledger(&p).iter().any(|e| e.kind == "start")
@@ -318,7 +320,10 @@ fn paused_worker_loses_its_lease_and_leaves_the_new_owner_alone() {
             .query::<bool>(&mut c)
             .unwrap()
     });
-    let b = Worker::start(&redis, p.path(), &["-c", "1"]);
+    let b = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "4"]);
     wait_until("B holds the lock", Duration::from_secs(10), || {
         b.saw("lock acquired")
@@ -381,7 +386,10 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
             ],
         ),
     );
-    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "6"]);
     let mut seen = String::new();
     wait_until(
@@ -411,7 +419,10 @@ fn a_lock_lost_during_the_last_phase_is_lost_not_complete() {
         "jobs/app.toml",
         &manifest(30.0, &[("only", "jobs/bin/phase")]),
     );
-    let w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let mut c = redis.conn();
     for (marquee, takeover) in [("8", true), ("9", false)] {
         enqueue(&redis, &["PlayguardJob", marquee]);

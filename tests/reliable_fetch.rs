@@ -88,7 +88,10 @@ fn sigkill_three_times_loses_no_job() {
     let done = |p: &Project| -> HashSet<String> { lines(p, "ledger.txt").into_iter().collect() };
 
     let mut rng = rand::rng();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "5"])
+        .start();
     // Kill at random points of progress, each a little later than the last.
     for round in 0..3 {
         let target = rng.random_range(round * 60 + 10..round * 60 + 70);
@@ -106,7 +109,10 @@ fn sigkill_three_times_loses_no_job() {
             round + 1,
             lines(&p, "ledger.txt").len()
         );
-        w = Worker::start(&redis, p.path(), &["-c", "5"]);
+        w = Worker::builder(&redis)
+            .jobs(p.path())
+            .args(["-c", "5"])
+            .start();
     }
     wait_until(
         "every jid ran at least once",
@@ -154,7 +160,10 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     let jobs = push(&redis, "KillerJob", 1);
     let jid = jobs[0].0.clone();
     let mut started: Vec<i32> = Vec::new();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     started.push(w.pid());
     let dead = |redis: &RedisServer| -> Vec<String> {
         redis::cmd("ZRANGE")
@@ -174,7 +183,10 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
                     "worker exited by itself: {status}\n{}",
                     w.output()
                 );
-                w = Worker::start(&redis, p.path(), &["-c", "2"]);
+                w = Worker::builder(&redis)
+                    .jobs(p.path())
+                    .args(["-c", "2"])
+                    .start();
                 started.push(w.pid());
             }
             !dead(&redis).is_empty()
@@ -216,7 +228,10 @@ fn sigterm_puts_the_running_job_back_once() {
         "jobs/app.toml",
         "[[job]]\nclass = \"SlowJob\"\nrun = [\"jobs/bin/slow\"]\n",
     );
-    let mut w = Worker::start(&redis, p.path(), &["-c", "3", "-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "3", "-t", "1"])
+        .start();
     let jobs = push(&redis, "SlowJob", 1);
     wait_until("the job started", Duration::from_secs(30), || {
         !lines(&p, "started.txt").is_empty()
@@ -277,7 +292,10 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
             .spawn()
             .expect("start the sidekiq CLI"),
     );
-    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "5"])
+        .start();
     // Both are fetching once both are registered (the Ruby heartbeat runs after boot).
     wait_until("both processes registered", Duration::from_secs(60), || {
         redis::cmd("SCARD")
@@ -345,7 +363,10 @@ fn basic_fetch_is_plain_brpop() {
         .arg("RESETSTAT")
         .query(&mut redis.conn())
         .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "3", "--fetch", "basic"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "3", "--fetch", "basic"])
+        .start();
     // Idle first, so it waits in BRPOP (busy queues are popped in batches with RPOP <count>).
     wait_until(
         "the idle worker waits in BRPOP",
@@ -473,11 +494,10 @@ fn basic_fetch_pops_batches_in_strict_order() {
             .query(&mut c)
             .unwrap();
     }
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"],
-    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"])
+        .start();
     wait_until("60 jobs ran", Duration::from_secs(60), || {
         lines(&p, "ledger.txt").len() >= 60
     });
@@ -525,7 +545,7 @@ fn reliable_fetch_keeps_strict_order_over_many_queues() {
         args.push(format!("q{i}"));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut w = Worker::start(&redis, p.path(), &args);
+    let mut w = Worker::builder(&redis).jobs(p.path()).args(&args).start();
     wait_until("40 jobs ran", Duration::from_secs(60), || {
         lines(&p, "ledger.txt").len() >= 40
     });

@@ -55,7 +55,10 @@ fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
         .arg(&good)
         .query(&mut c)
         .unwrap();
-    let w = Worker::start(&redis, p.path(), &["--poll-interval", "0.2"]);
+    let w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--poll-interval", "0.2"])
+        .start();
     wait_until("the good job ran", Duration::from_secs(20), || {
         p.path().join("ran.log").exists()
     });
@@ -107,7 +110,7 @@ fn one_failing_identity_does_not_stop_the_orphan_sweep() {
         .arg(job("OkJob", "default", "orphanjid"))
         .query(&mut c)
         .unwrap();
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     wait_until(
         "the ordinary orphan was recovered and ran",
         Duration::from_secs(30),
@@ -143,7 +146,10 @@ fn requeue_and_drain_keep_the_job_when_the_queue_key_has_the_wrong_type() {
         "slow",
         "#!/bin/sh\necho started > started.txt\nexec sleep 30\n",
     )]);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "1"])
+        .start();
     let payload = job("SlowJob", "default", "slowjid");
     let _: () = redis::cmd("LPUSH")
         .arg("queue:default")
@@ -172,7 +178,7 @@ fn a_failed_outcome_write_is_retried_until_it_lands() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("BadJob", "bad", "#!/bin/sh\necho boom >&2\nexit 1\n")]);
     set(&redis, "retry", "not a zset");
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["BadJob"]);
     w.wait_for_line("could not record", Duration::from_secs(20));
     let _: () = redis::cmd("DEL")

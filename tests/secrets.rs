@@ -109,7 +109,7 @@ fn worker_logs_never_print_the_password() {
         ("OkJob", "ok", "#!/bin/sh\necho ran\n"),
         ("BadJob", "bad", "#!/bin/sh\necho boom >&2; exit 3\n"),
     ]);
-    let mut w = Worker::start_at(&url, p.path(), "run", &[], &[]);
+    let mut w = Worker::builder_url(&url).jobs(p.path()).start();
     w.wait_for_line("playguard starting", Duration::from_secs(20));
     for class in ["OkJob", "BadJob"] {
         let out = Command::new(bin())
@@ -126,7 +126,7 @@ fn worker_logs_never_print_the_password() {
 
     // Wrong password: a failed start names the URL, not the password.
     let wrong = format!("redis://:{SECRET}x@127.0.0.1:{}/0", redis.port);
-    let mut w = Worker::start_at(&wrong, p.path(), "run", &[], &[]);
+    let mut w = Worker::builder_url(&wrong).jobs(p.path()).start();
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(1));
     assert!(w.output().contains(":***@"), "{}", w.output());
     assert!(!w.output().contains(SECRET), "{}", w.output());
@@ -155,16 +155,11 @@ class = "Wide"
 run = ["jobs/bin/show-env"]
 "#,
     );
-    let _w = Worker::start_at(
-        &redis.url(),
-        p.path(),
-        "run",
-        &[],
-        &[
-            ("APP_API_TOKEN", "not-for-narrow-jobs"),
-            ("HOME", "/home/x"),
-        ],
-    );
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("APP_API_TOKEN", "not-for-narrow-jobs")
+        .env("HOME", "/home/x")
+        .start();
     for class in ["Narrow", "Wide"] {
         enqueue(&redis, &[class]);
     }

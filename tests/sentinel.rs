@@ -232,7 +232,10 @@ fn failover(kill_primary: bool) {
     let p = project();
 
     // w3 takes the slow job, and will die with it in its working list.
-    let mut w3 = Worker::start_url(&url, p.path(), "run", &["-q", "slowq", "-c", "1"]);
+    let mut w3 = Worker::builder_url(&url)
+        .jobs(p.path())
+        .args(["-q", "slowq", "-c", "1"])
+        .start();
     w3.wait_for_line("playguard starting", Duration::from_secs(10));
     enqueue_url(&url, &["Slow", "--queue", "slowq"]);
     wait_until("w3 runs the slow job", Duration::from_secs(10), || {
@@ -240,8 +243,8 @@ fn failover(kill_primary: bool) {
     });
 
     let args = ["-q", "default", "-q", "slowq", "-c", "4"];
-    let mut w1 = Worker::start_url(&url, p.path(), "run", &args);
-    let mut w2 = Worker::start_url(&url, p.path(), "run", &args);
+    let mut w1 = Worker::builder_url(&url).jobs(p.path()).args(args).start();
+    let mut w2 = Worker::builder_url(&url).jobs(p.path()).args(args).start();
     for w in [&w1, &w2] {
         w.wait_for_line("playguard starting", Duration::from_secs(10));
         assert!(

@@ -71,7 +71,10 @@ fn alive(pid: i32) -> bool {
 fn term_during_a_long_phase(fetch: &str) {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "3", "--fetch", fetch]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "3", "--fetch", fetch])
+        .start();
     let jid = enqueue(&redis, &["PlayguardJob", "1"]);
     wait_until("phase one running", Duration::from_secs(10), || {
         ledger(&p).contains("start one")
@@ -101,7 +104,10 @@ fn term_during_a_long_phase(fetch: &str) {
     assert!(!ledger(&p).contains("start two"));
     // A restarted worker completes the job.
     std::fs::remove_file(p.path().join("slow")).unwrap();
-    let mut w2 = Worker::start(&redis, p.path(), &["--fetch", fetch]);
+    let mut w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--fetch", fetch])
+        .start();
     wait_until(
         "cycle completed after restart",
         Duration::from_secs(20),
@@ -126,7 +132,10 @@ fn term_during_a_long_phase_with_basic_fetch() {
 fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "20"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "20"])
+        .start();
     let jid = enqueue(&redis, &["PlayguardJob", "2"]);
     wait_until("phase one running", Duration::from_secs(10), || {
         ledger(&p).contains("start one")
@@ -154,7 +163,10 @@ fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
 fn a_plain_job_finishes_within_the_timeout_and_is_not_requeued() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "10"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "10"])
+        .start();
     enqueue(&redis, &["PlainJob", "x"]);
     wait_until("plain job running", Duration::from_secs(10), || {
         ledger(&p).contains("start plain")
@@ -178,7 +190,10 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
     p.write("plain_secs", "60");
-    let mut w = Worker::start(&redis, p.path(), &["-t", "30"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "30"])
+        .start();
     let jid = enqueue(&redis, &["PlainJob", "y"]);
     wait_until("plain job running", Duration::from_secs(10), || {
         ledger(&p).contains("start plain")
@@ -204,7 +219,10 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
 fn ttin_logs_busy_slots_and_tstp_quiets() {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "3"]);
     wait_until("phase one running", Duration::from_secs(10), || {
         ledger(&p).contains("start one")
@@ -245,7 +263,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
 fn idle_worker_stops_fast_and_leaves_the_process_set() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     w.wait_for_line("playguard starting", Duration::from_secs(10));
     let mut c = redis.conn();
     wait_until("registered", Duration::from_secs(10), || {
@@ -320,7 +338,7 @@ fn a_sigkilled_worker_takes_its_running_command_with_it() {
         "jobs/bin/plain",
         "#!/bin/sh\nsleep 60 &\necho $! > grandchild.pid\necho $$ > plain.pid\nread -r line\necho \"$line\" > stdin.txt\nwait\n",
     );
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlainJob", "k"]);
     let pid = |f: &str| {
         std::fs::read_to_string(p.path().join(f))

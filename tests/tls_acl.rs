@@ -112,21 +112,18 @@ fn tls_acl_and_database_number() {
         .output()
         .unwrap();
     assert_success(&enq);
-    let mut w = Command::new(bin())
-        .args(["run", "-r", &url])
+    let mut w = Worker::builder_url(&url)
+        .jobs(p.path())
         .env("PLAYGUARD_REDIS_CA", &ca)
-        .current_dir(p.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .start();
     wait_until("job ran over TLS", Duration::from_secs(20), || {
         p.path().join("ran.log").exists()
     });
     wait_until("counted in db 2", Duration::from_secs(20), || {
         r.cli(&["GET", "stat:processed"]) == "1"
     });
-    signal(w.id() as i32, "TERM");
-    assert!(w.wait().unwrap().success());
+    w.signal("TERM");
+    assert_eq!(w.wait(), Some(0));
     // Without the CA the server's certificate is refused (no silent downgrade) ...
     let no_ca = Command::new(bin())
         .args(["check", "-r", &url])

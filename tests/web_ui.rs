@@ -112,10 +112,9 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &[
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args([
             "-c",
             "3",
             "-q",
@@ -124,8 +123,8 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
             "default",
             "-g",
             "webtag",
-        ],
-    );
+        ])
+        .start();
     let proc = wait_for_one_process(&redis);
     assert_eq!(proc["concurrency"], 3, "{proc}");
     assert_eq!(proc["queues"], serde_json::json!(["critical", "default"]));
@@ -208,7 +207,10 @@ fn quiet_and_stop_from_the_ruby_api() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let identity = wait_for_one_process(&redis)["identity"]
         .as_str()
         .unwrap()
@@ -273,7 +275,10 @@ fn sigkilled_process_leaves_process_set_once_its_hash_expires() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "1", "--fetch", "basic"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1", "--fetch", "basic"])
+        .start();
     let identity = wait_for_one_process(&redis)["identity"]
         .as_str()
         .unwrap()
@@ -522,7 +527,10 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2", "-g", "webui-tag"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-g", "webui-tag"])
+        .start();
     let proc = wait_for_one_process(&redis);
     let retried = push(&redis, "FailJob", "3");
     let dead = push(&redis, "FailJob", "0");
@@ -631,12 +639,11 @@ run = ["jobs/bin/noop"]
 "#,
     );
     let db = pg.url();
-    let mut w = Worker::start_with_env(
-        &redis,
-        p.path(),
-        &["-c", "2", "-t", "5"],
-        &[("DATABASE_URL", &db)],
-    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-t", "5"])
+        .env("DATABASE_URL", &db)
+        .start();
     let proc = wait_for_one_process(&redis);
     let identity = proc["identity"].as_str().unwrap().to_string();
     let host = proc["hostname"].as_str().unwrap().to_string();

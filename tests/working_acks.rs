@@ -86,7 +86,10 @@ fn finished_jobs_leave_the_working_list_while_an_older_one_runs() {
     let p = project();
     let hold = job("HoldJob", 0);
     push(&redis, std::slice::from_ref(&hold));
-    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "5"])
+        .start();
     wait_until("registered", Duration::from_secs(20), || registered(&redis));
     wait_until(
         "the long job holds the list",
@@ -116,7 +119,10 @@ fn finished_jobs_leave_the_working_list_while_an_older_one_runs() {
 fn a_list_not_as_pictured_is_acknowledged_job_by_job() {
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "10"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "10"])
+        .start();
     wait_until("registered", Duration::from_secs(20), || registered(&redis));
     // A payload the worker never fetched, at the list's old end.
     let stray = job("StrayJob", 0);

@@ -7,6 +7,7 @@
 
 mod http;
 mod jobs;
+mod lines;
 mod postgres;
 mod redis;
 mod ruby;
@@ -16,6 +17,7 @@ mod worker;
 
 pub use self::http::*;
 pub use self::jobs::*;
+pub use self::lines::*;
 pub use self::postgres::*;
 pub use self::redis::*;
 pub use self::ruby::*;

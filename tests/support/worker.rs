@@ -1,62 +1,122 @@
-//! Starting the real `playguard` binary: a running worker whose output lines are collected, and
-//! `playguard enqueue`.
+//! Starting the real `playguard` binary: [`Worker::builder`] is the one way a test starts a
+//! worker (any subcommand, URL, project directory, arguments, environment, wrapper), the
+//! running [`Worker`] with its output lines collected, and `playguard enqueue`.
 
+use super::lines::Lines;
 use super::{bin, signal, RedisServer};
-use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// How to start one `playguard` process: `[WRAPPER...] playguard SUB -r URL ARGS...` in the
+/// project directory, with RUST_LOG=info unless the test sets it. Start it with
+/// [`WorkerBuilder::start`].
+#[must_use]
+pub struct WorkerBuilder {
+    url: String,
+    sub: String,
+    dir: Option<PathBuf>,
+    args: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    wrapper: Vec<OsString>,
+}
+
+impl WorkerBuilder {
+    /// The subcommand (default `run`).
+    pub fn sub(mut self, sub: &str) -> Self {
+        self.sub = sub.to_string();
+        self
+    }
+
+    /// The project directory the worker runs in (its `jobs/` manifests), its current directory.
+    pub fn jobs(mut self, dir: impl AsRef<Path>) -> Self {
+        self.dir = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// One more command-line argument, after `-r URL`.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, args: I) -> Self {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// An environment variable (RUST_LOG here wins over the default `info`).
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.env
+            .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// Run the worker through a wrapper command line, e.g. `ip netns exec NS`.
+    pub fn wrapped_in<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, wrapper: I) -> Self {
+        self.wrapper = wrapper
+            .into_iter()
+            .map(|a| a.as_ref().to_os_string())
+            .collect();
+        self
+    }
+
+    /// The command line, not started.
+    pub fn command(&self) -> Command {
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        cmd.arg(&self.sub)
+            .args(["-r", &self.url])
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        if let Some(dir) = &self.dir {
+            cmd.current_dir(dir);
+        }
+        cmd
+    }
+
+    /// Start it, its stdout and stderr lines collected.
+    pub fn start(self) -> Worker {
+        Worker::spawn(&mut self.command())
+    }
+}
 
 /// A running `playguard` child process whose output lines are collected.
 pub struct Worker {
     pub child: Child,
-    pub lines: Arc<Mutex<Vec<String>>>,
-    /// The threads reading stdout and stderr: an exit is only fully seen once they reach
-    /// end of file, else the last lines can still be in the pipe when a test reads them.
-    readers: Vec<std::thread::JoinHandle<()>>,
+    lines: Lines,
 }
 
 impl Worker {
-    /// Start `playguard run` in `dir` against `redis` with extra args.
-    pub fn start(redis: &RedisServer, dir: &Path, args: &[&str]) -> Worker {
-        Self::start_cmd(redis, dir, "run", args)
+    /// `playguard run -r <redis's URL>`; see [`WorkerBuilder`] for the rest.
+    pub fn builder(redis: &RedisServer) -> WorkerBuilder {
+        Self::builder_url(&redis.url())
     }
 
-    pub fn start_cmd(redis: &RedisServer, dir: &Path, sub: &str, args: &[&str]) -> Worker {
-        Self::start_at(&redis.url(), dir, sub, args, &[])
+    /// `playguard run -r <url>` (any URL form, e.g. redis-sentinel://, rediss://, a database
+    /// number, a password).
+    pub fn builder_url(url: &str) -> WorkerBuilder {
+        WorkerBuilder {
+            url: url.to_string(),
+            sub: "run".to_string(),
+            dir: None,
+            args: Vec::new(),
+            env: Vec::new(),
+            wrapper: Vec::new(),
+        }
     }
 
-    /// Start `playguard <sub> -r <url>` (any URL form, e.g. redis-sentinel://).
-    pub fn start_url(url: &str, dir: &Path, sub: &str, args: &[&str]) -> Worker {
-        Self::start_at(url, dir, sub, args, &[])
-    }
-
-    /// Start `playguard <sub> -r <url>` with extra environment variables.
-    pub fn start_at(
-        url: &str,
-        dir: &Path,
-        sub: &str,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Worker {
-        let mut cmd = Command::new(bin());
-        cmd.arg(sub)
-            .args(["-r", url])
-            .args(args)
-            .current_dir(dir)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied());
-        Worker::spawn(&mut cmd)
-    }
-
-    /// Spawn `cmd` with its stdout and stderr lines collected.
-    fn spawn_collecting(mut cmd: Command) -> Worker {
-        Self::spawn(&mut cmd)
-    }
-
-    /// Run `cmd` (a playguard command line, possibly wrapped, e.g. by `ip netns exec`), its
-    /// stdout and stderr lines collected.
+    /// Run any command line with its stdout and stderr lines collected (the builder's own
+    /// spawn; the harness test runs a shell with it).
     pub fn spawn(cmd: &mut Command) -> Worker {
         let mut child = cmd
             .stdin(Stdio::null())
@@ -64,27 +124,8 @@ impl Worker {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn playguard");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let mut readers = Vec::new();
-        for stream in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let lines = lines.clone();
-            readers.push(std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    if std::env::var("PLAYGUARD_TEST_ECHO").is_ok() {
-                        eprintln!("[worker] {line}");
-                    }
-                    lines.lock().unwrap().push(line);
-                }
-            }));
-        }
-        Worker {
-            child,
-            lines,
-            readers,
-        }
+        let lines = Lines::collect(&mut child);
+        Worker { child, lines }
     }
 
     pub fn pid(&self) -> i32 {
@@ -95,27 +136,37 @@ impl Worker {
         signal(self.pid(), sig);
     }
 
+    /// Every output line so far (stdout and stderr), joined with newlines.
     pub fn output(&self) -> String {
-        self.lines.lock().unwrap().join("\n")
+        self.lines.text()
+    }
+
+    /// Stdout's lines so far, joined with newlines.
+    pub fn stdout(&self) -> String {
+        self.lines.stdout_text()
+    }
+
+    /// Every output line so far (stdout and stderr).
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.all()
+    }
+
+    /// The first output line so far that contains `needle`.
+    pub fn line_with(&self, needle: &str) -> Option<String> {
+        self.lines.find(needle)
+    }
+
+    /// How many output lines so far contain `needle`.
+    pub fn count_lines(&self, needle: &str) -> usize {
+        self.lines.count(needle)
     }
 
     pub fn saw(&self, needle: &str) -> bool {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(needle))
+        self.lines.saw(needle)
     }
 
     pub fn wait_for_line(&self, needle: &str, timeout: Duration) {
-        let what = format!("worker output line containing {needle:?}");
-        let deadline = Instant::now() + timeout;
-        while !self.saw(needle) {
-            if Instant::now() > deadline {
-                panic!("timed out waiting for {what}; output:\n{}", self.output());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        self.lines.wait_for(needle, timeout)
     }
 
     /// Wait for exit; returns the exit code (None when killed by a signal).
@@ -123,7 +174,7 @@ impl Worker {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(st) = self.child.try_wait().unwrap() {
-                self.drain_output();
+                self.lines.drain(Duration::from_secs(2));
                 return st.code();
             }
             if Instant::now() > deadline {
@@ -136,19 +187,18 @@ impl Worker {
         }
     }
 
-    /// After the exit: wait (up to two seconds) for the readers to reach end of file, so every
-    /// line the process wrote is in `lines`. A child of the worker that still holds the pipes
-    /// open only makes this wait end at that bound.
-    fn drain_output(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while self.readers.iter().any(|r| !r.is_finished()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        for r in std::mem::take(&mut self.readers) {
-            if r.is_finished() {
-                let _ = r.join();
-            }
-        }
+    /// Wait for exit, for as long as it takes (as `Child::wait`); the exit code (None when
+    /// killed by a signal), every line read.
+    pub fn wait(&mut self) -> Option<i32> {
+        let st = self.child.wait().unwrap();
+        self.lines.drain(Duration::from_secs(2));
+        st.code()
+    }
+
+    /// SIGTERM, then exit 0 within `timeout` (the output is the failure message).
+    pub fn stop(&mut self, timeout: Duration) {
+        self.signal("TERM");
+        assert_eq!(self.wait_exit(timeout), Some(0), "{}", self.output());
     }
 
     pub fn kill9(&mut self) {
@@ -163,27 +213,6 @@ impl Drop for Worker {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-    }
-}
-
-impl Worker {
-    /// `playguard run` with extra environment variables (say DATABASE_URL).
-    pub fn start_with_env(
-        redis: &RedisServer,
-        dir: &Path,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> Worker {
-        let mut cmd = Command::new(bin());
-        cmd.arg("run")
-            .args(["-r", &redis.url()])
-            .args(args)
-            .current_dir(dir)
-            .env("RUST_LOG", "info");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        Worker::spawn_collecting(cmd)
     }
 }
 
