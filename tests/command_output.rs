@@ -8,13 +8,6 @@ mod support;
 use std::time::Duration;
 use support::*;
 
-fn zcard(redis: &RedisServer, key: &str) -> i64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 /// `printf 'caf\351\n'` then more output: the command is not killed by SIGPIPE, the line is
 /// logged with a replacement character, and the job succeeds.
 #[test]
@@ -31,9 +24,9 @@ fn non_utf8_output_is_logged_lossily_and_the_command_runs_on() {
     enqueue(&redis, &["Latin1Job"]);
     w.wait_for_line("line 2999", Duration::from_secs(20));
     wait_until("the job finished", Duration::from_secs(20), || {
-        w.saw("done elapsed_ms") || zcard(&redis, "retry") > 0
+        w.saw("done elapsed_ms") || redis.zcard("retry") > 0
     });
-    assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
+    assert_eq!(redis.zcard("retry"), 0, "{}", w.output());
     assert!(p.path().join("finished.txt").exists());
     assert!(w.saw("caf\u{FFFD}"), "{}", w.output());
     assert!(w.saw("err \u{FFFD}\u{FFFD}"), "{}", w.output());
@@ -61,7 +54,7 @@ fn an_overlong_line_is_cut() {
     assert!(lines
         .iter()
         .any(|l| l.contains("xxxx") && l.contains("[line cut")));
-    assert_eq!(zcard(&redis, "retry"), 0);
+    assert_eq!(redis.zcard("retry"), 0);
 }
 
 /// Kills the grandchildren a test's commands left behind (one pid a line), whatever the test's
@@ -138,7 +131,7 @@ fn a_command_gets_exactly_its_argv_and_environment() {
     );
     assert!(!jid.is_empty());
     assert_eq!(read("bare.txt"), "zero 0\n");
-    assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
+    assert_eq!(redis.zcard("retry"), 0, "{}", w.output());
 }
 
 /// This test process's fds above stderr that a process it starts inherits (no close-on-exec).

@@ -5,16 +5,11 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
 
 /// (fence, outcome, phase, error) of each ledger row of `key`, oldest first.
 fn ledger(pg: &PostgresServer, key: &str) -> Vec<(i64, String, String, String)> {
@@ -61,7 +56,7 @@ fn worker(redis: &RedisServer, pg: &PostgresServer, p: &Project) -> Worker {
 }
 
 /// A phase that waits for the file `$1.go` (created by the test) after touching `$1.started`.
-const WAIT_FOR_GO: &str = "#!/bin/sh\n\
+const WAIT_FOR_ARGV1_GO: &str = "#!/bin/sh\n\
     touch \"$1.started\"\n\
     while [ ! -e \"$1.go\" ]; do sleep 0.02; done\n";
 
@@ -96,10 +91,10 @@ run = ["jobs/bin/record"]
     );
     let log = p.path().join("fences.log");
     let run_once = |redis: &RedisServer, class: &str| {
-        let before = read(&log).lines().count();
+        let before = read_or_empty(&log).lines().count();
         enqueue(redis, &[class, "7"]);
         wait_until("the cycle's fence line", PATIENCE, || {
-            read(&log).lines().count() > before
+            read_or_empty(&log).lines().count() > before
         });
     };
 
@@ -114,7 +109,7 @@ run = ["jobs/bin/record"]
     run_once(&redis, "RedisFenced");
     run_once(&redis, "DbFenced");
     w.stop(PATIENCE);
-    let first_db: i64 = read(&log)
+    let first_db: i64 = read_or_empty(&log)
         .lines()
         .find_map(|l| l.strip_prefix("DbFenced "))
         .unwrap()
@@ -138,7 +133,7 @@ run = ["jobs/bin/record"]
     w.stop(PATIENCE);
 
     for class in ["RedisFenced", "DbFenced"] {
-        let fences: Vec<i64> = read(&log)
+        let fences: Vec<i64> = read_or_empty(&log)
             .lines()
             .filter_map(|l| l.strip_prefix(&format!("{class} ")))
             .map(|f| f.parse().unwrap())
@@ -209,8 +204,8 @@ run = ["jobs/bin/write-retention"]
     let writes = p.path().join("writes.log");
     let go = |f: &str| std::fs::write(p.path().join(f), "").unwrap();
     let write_line = |prefix: &str| {
-        wait_until(prefix, PATIENCE, || read(&writes).contains(prefix));
-        read(&writes)
+        wait_until(prefix, PATIENCE, || read_or_empty(&writes).contains(prefix));
+        read_or_empty(&writes)
             .lines()
             .find(|l| l.starts_with(prefix))
             .unwrap()
@@ -220,11 +215,17 @@ run = ["jobs/bin/write-retention"]
     let w1 = worker(&redis, &pg, &p);
     enqueue(&redis, &["RetentionJob", "30", "w1"]);
     wait_until("W1's phase to start", PATIENCE, || {
-        read(&p.path().join("w1.pid")).trim().parse::<i32>().is_ok()
+        read_or_empty(&p.path().join("w1.pid"))
+            .trim()
+            .parse::<i32>()
+            .is_ok()
     });
     let f1 = db_fence(&pg, "lock:retention");
     assert!(f1 > 32);
-    let w1_phase: i32 = read(&p.path().join("w1.pid")).trim().parse().unwrap();
+    let w1_phase: i32 = read_or_empty(&p.path().join("w1.pid"))
+        .trim()
+        .parse()
+        .unwrap();
     w1.signal("STOP");
     signal(w1_phase, "STOP");
     wait_until("W1's lease to run out in Redis", PATIENCE, || {
@@ -279,7 +280,7 @@ fn a_database_side_fence_bump_aborts_the_cycle_at_the_next_boundary() {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
     let p = Project::new();
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
+    p.script("jobs/bin/wait", WAIT_FOR_ARGV1_GO);
     p.script("jobs/bin/after", "#!/bin/sh\ntouch after.ran\n");
     p.write(
         "jobs/app.toml",
@@ -333,7 +334,7 @@ fn a_killed_holders_row_becomes_uncertain_and_the_ledger_survives_losing_redis()
     let mut redis = RedisServer::start();
     let pg = PostgresServer::start();
     let p = Project::new();
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
+    p.script("jobs/bin/wait", WAIT_FOR_ARGV1_GO);
     p.script("jobs/bin/done", "#!/bin/sh\necho done >> done.log\n");
     p.write(
         "jobs/app.toml",
@@ -446,7 +447,7 @@ run = ["jobs/bin/after"]
     pg.restart();
     enqueue(&redis, &["PgStopJob"]);
     wait_until("the next cycle's second phase", PATIENCE, || {
-        read(&p.path().join("after.log")).lines().count() == 1
+        read_or_empty(&p.path().join("after.log")).lines().count() == 1
     });
     w.wait_for_line("lock released (cycle complete)", PATIENCE);
     w.stop(PATIENCE);

@@ -36,10 +36,6 @@ run = ["jobs/bin/record"]
     p
 }
 
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
 /// Start a worker on `url`, run one cycle of Marquee 7 and wait for its ledger row to be
 /// `complete`; the worker is returned still running.
 fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -> Worker {
@@ -51,7 +47,7 @@ fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -
     enqueue(redis, &["TlsFenced", "7"]);
     let log = p.path().join("fences.log");
     wait_until("the cycle's fence line", PATIENCE, || {
-        !read(&log).trim().is_empty()
+        !read_or_empty(&log).trim().is_empty()
     });
     wait_until("the ledger row to be complete", PATIENCE, || {
         pg.try_psql(
@@ -59,7 +55,7 @@ fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -
         )
         .is_ok_and(|o| o == "complete")
     });
-    let fence: i64 = read(&log).trim().parse().unwrap();
+    let fence: i64 = read_or_empty(&log).trim().parse().unwrap();
     assert_eq!(
         pg.psql("SELECT fence FROM playguard_fences WHERE lock_key = 'lock:tls:7'"),
         fence.to_string(),

@@ -62,13 +62,6 @@ fn identity_of(redis: &RedisServer, w: &Worker) -> String {
     found.unwrap()
 }
 
-fn llen(redis: &RedisServer, key: &str) -> usize {
-    redis::cmd("LLEN")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 fn pid_alive(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| {
@@ -141,16 +134,16 @@ fn frozen_worker_command_is_killed_before_its_job_runs_again() {
         "queue and both working lists empty",
         Duration::from_secs(30),
         || {
-            llen(&redis, "queue:default") == 0
+            redis.llen("queue:default") == 0
                 && redis::cmd("KEYS")
                     .arg("playguard:working:*")
                     .query::<Vec<String>>(&mut redis.conn())
                     .unwrap()
                     .iter()
-                    .all(|k| llen(&redis, k) == 0)
+                    .all(|k| redis.llen(k) == 0)
         },
     );
-    assert_eq!(llen(&redis, &working1), 0);
+    assert_eq!(redis.llen(&working1), 0);
     let retries: usize = redis::cmd("ZCARD")
         .arg("retry")
         .query(&mut redis.conn())
@@ -282,7 +275,7 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
                 .arg(format!("playguard:locks:{id2}"))
                 .query(&mut c)
                 .unwrap();
-            held == 0 && llen(&redis, "queue:default") == 0
+            held == 0 && redis.llen("queue:default") == 0
         },
     );
     w2.signal("TERM");
@@ -323,7 +316,7 @@ fn worker_cut_off_from_redis_stops_its_job_and_hands_it_back() {
         stamps(&p).iter().any(|s| s.kind == "stop")
     });
     wait_until("nothing left queued", Duration::from_secs(30), || {
-        llen(&redis, "queue:default") == 0
+        redis.llen("queue:default") == 0
     });
     let retries: usize = redis::cmd("ZCARD")
         .arg("retry")

@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use support::*;
 
-const BLOCK: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
 const OK: &str = "#!/bin/sh\nexit 0\n";
 const FAIL: &str = "#!/bin/sh\necho \"it broke\" >&2\nexit 1\n";
 
 fn project() -> Project {
     Project::with_jobs(&[
-        ("BlockJob", "block", BLOCK),
+        ("BlockJob", "block", BLOCK_UNTIL_RELEASE),
         ("OkJob", "ok", OK),
         ("FailJob", "fail", FAIL),
     ])

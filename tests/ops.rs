@@ -12,13 +12,6 @@ use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A phase that touches `<name>.started`, then waits for `<name>.go` (created by the test);
-/// `<name>` is the job's first argument.
-const WAIT: &str = "#!/bin/sh\n\
-    name=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[] \"' | cut -d, -f1)\n\
-    touch \"$name.started\"\n\
-    while [ ! -e \"$name.go\" ]; do sleep 0.02; done\n";
-
 /// Three phases, the middle one slow; fences from PostgreSQL.
 const MANIFEST: &str = r#"
 [[job]]
@@ -37,8 +30,8 @@ run = ["jobs/bin/noop"]
 
 fn project() -> Project {
     let p = Project::new();
-    p.script("jobs/bin/noop", "#!/bin/sh\n");
-    p.script("jobs/bin/wait", WAIT);
+    p.script("jobs/bin/noop", NOOP);
+    p.script("jobs/bin/wait", WAIT_FOR_GO);
     p.write("jobs/app.toml", MANIFEST);
     p
 }
@@ -83,10 +76,6 @@ fn locks(redis: &RedisServer, pg: Option<&PostgresServer>) -> Vec<Value> {
     let db = pg.map(|p| p.url());
     let env: Vec<(&str, &str)> = db.iter().map(|u| ("DATABASE_URL", u.as_str())).collect();
     json_of(&["locks", "-r", &url, "--json"], &env)
-}
-
-fn go(p: &Project, name: &str) {
-    p.write(&format!("{name}.go"), "");
 }
 
 fn started(p: &Project, name: &str) {
@@ -227,7 +216,7 @@ fn locks_lists_the_running_cycle_with_its_phase_and_fence_then_forgets_it() {
     assert_eq!(stale[0]["state"], "stale", "{stale:?}");
     assert!(stale[0]["left_ms"].is_null(), "{stale:?}");
 
-    go(&p, "7");
+    p.go("7");
     wait_until("the cycle ended as lock_lost", PATIENCE, || {
         ledger(&pg, "lock:c:7").iter().any(|r| r.1 == "lock_lost")
     });
@@ -254,7 +243,7 @@ fn locks_lists_the_running_cycle_with_its_phase_and_fence_then_forgets_it() {
         let l = locks(&redis, Some(&pg));
         l.len() == 1 && l[0]["state"] == "held"
     });
-    go(&p, "7");
+    p.go("7");
     wait_until("the cycle completed", PATIENCE, || {
         ledger(&pg, "lock:c:7").iter().any(|r| r.1 == "complete")
     });
@@ -276,7 +265,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     let env = [("DATABASE_URL", db.as_str())];
 
     // complete: Marquee 1.
-    go(&p, "1");
+    p.go("1");
     let mut a = worker(&redis, &pg, &p);
     enqueue(&redis, &["MarqueeCycle", "1"]);
     wait_until("Marquee 1 complete", PATIENCE, || {
@@ -288,7 +277,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     enqueue(&redis, &["MarqueeCycle", "2"]);
     started(&p, "2");
     pg.psql("UPDATE playguard_fences SET fence = fence + 1 WHERE lock_key = 'lock:c:2'");
-    go(&p, "2");
+    p.go("2");
     wait_until("Marquee 2 lock_lost", PATIENCE, || {
         ledger(&pg, "lock:c:2").iter().any(|r| r.1 == "lock_lost")
     });
@@ -299,7 +288,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     started(&p, "3");
     let jid3 = pg.psql("SELECT jid FROM playguard_cycles WHERE lock_key = 'lock:c:3'");
     a.kill9();
-    go(&p, "3");
+    p.go("3");
     let mut b = worker(&redis, &pg, &p);
     wait_until("Marquee 3: uncertain, then complete", PATIENCE, || {
         let r: Vec<String> = ledger(&pg, "lock:c:3").into_iter().map(|r| r.1).collect();
@@ -423,7 +412,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
         (now[0]["jid"].as_str(), now[0]["outcome"].as_str()),
         (Some(jid.as_str()), Some("running"))
     );
-    go(&p, "1");
+    p.go("1");
     wait_until("the last cycle completed", PATIENCE, || {
         json_of(&["cycles", "--json", "--limit", "1"], &env)[0]["outcome"] == "complete"
     });

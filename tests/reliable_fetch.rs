@@ -27,28 +27,9 @@ fn payload(class: &str, args: Value) -> (String, String) {
 /// LPUSH jobs onto queue:default, as `push_bulk` does; returns (jid, payload) in push order.
 fn push(redis: &RedisServer, class: &str, n: usize) -> Vec<(String, String)> {
     let jobs: Vec<(String, String)> = (0..n).map(|i| payload(class, json!([i]))).collect();
-    let mut c = redis.conn();
     let raws: Vec<&String> = jobs.iter().map(|(_, p)| p).collect();
-    let _: () = redis::pipe()
-        .cmd("SADD")
-        .arg("queues")
-        .arg("default")
-        .ignore()
-        .cmd("LPUSH")
-        .arg("queue:default")
-        .arg(raws)
-        .ignore()
-        .query(&mut c)
-        .unwrap();
+    push_to_default(redis, raws);
     jobs
-}
-
-fn lines(p: &Project, file: &str) -> Vec<String> {
-    std::fs::read_to_string(p.path().join(file))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// Total length of every playguard working list.
@@ -61,13 +42,6 @@ fn in_working_lists(redis: &RedisServer) -> usize {
     keys.iter()
         .map(|k| redis::cmd("LLEN").arg(k).query::<usize>(&mut c).unwrap())
         .sum()
-}
-
-fn llen(redis: &RedisServer, key: &str) -> usize {
-    redis::cmd("LLEN")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
 }
 
 #[test]
@@ -85,7 +59,7 @@ fn sigkill_three_times_loses_no_job() {
     );
     let jobs = push(&redis, "WorkJob", 300);
     let all: HashSet<String> = jobs.iter().map(|(j, _)| j.clone()).collect();
-    let done = |p: &Project| -> HashSet<String> { lines(p, "ledger.txt").into_iter().collect() };
+    let done = |p: &Project| -> HashSet<String> { p.lines("ledger.txt").into_iter().collect() };
 
     let mut rng = rand::rng();
     let mut w = Worker::builder(&redis)
@@ -98,7 +72,7 @@ fn sigkill_three_times_loses_no_job() {
         wait_until(
             &format!("{target} jobs finished before kill {}", round + 1),
             Duration::from_secs(60),
-            || lines(&p, "ledger.txt").len() >= target,
+            || p.lines("ledger.txt").len() >= target,
         );
         // Land anywhere inside a job, not just on a boundary.
         std::thread::sleep(Duration::from_millis(rng.random_range(0..25)));
@@ -107,7 +81,7 @@ fn sigkill_three_times_loses_no_job() {
         eprintln!(
             "kill {}: after {} finished runs, {in_flight} job(s) in working lists",
             round + 1,
-            lines(&p, "ledger.txt").len()
+            p.lines("ledger.txt").len()
         );
         w = Worker::builder(&redis)
             .jobs(p.path())
@@ -122,9 +96,9 @@ fn sigkill_three_times_loses_no_job() {
     wait_until(
         "queue and working lists empty",
         Duration::from_secs(30),
-        || llen(&redis, "queue:default") == 0 && in_working_lists(&redis) == 0,
+        || redis.llen("queue:default") == 0 && in_working_lists(&redis) == 0,
     );
-    let runs = lines(&p, "ledger.txt");
+    let runs = p.lines("ledger.txt");
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for j in &runs {
         *counts.entry(j.as_str()).or_default() += 1;
@@ -192,7 +166,8 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
             !dead(&redis).is_empty()
         },
     );
-    let ppids: Vec<i32> = lines(&p, "ppids.txt")
+    let ppids: Vec<i32> = p
+        .lines("ppids.txt")
         .iter()
         .map(|l| l.parse().unwrap())
         .collect();
@@ -210,7 +185,7 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     let msg = entry["error_message"].as_str().unwrap();
     assert!(msg.contains("recovered 3 times"), "{msg}");
     eprintln!("dead entry: {msg}");
-    assert_eq!(llen(&redis, "queue:default"), 0);
+    assert_eq!(redis.llen("queue:default"), 0);
     assert_eq!(in_working_lists(&redis), 0);
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
@@ -234,17 +209,12 @@ fn sigterm_puts_the_running_job_back_once() {
         .start();
     let jobs = push(&redis, "SlowJob", 1);
     wait_until("the job started", Duration::from_secs(30), || {
-        !lines(&p, "started.txt").is_empty()
+        !p.lines("started.txt").is_empty()
     });
     assert_eq!(in_working_lists(&redis), 1, "held in the working list");
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
-    let queued: Vec<String> = redis::cmd("LRANGE")
-        .arg("queue:default")
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.conn())
-        .unwrap();
+    let queued = redis.lrange("queue:default");
     assert_eq!(queued, vec![jobs[0].1.clone()], "back once, byte for byte");
     assert_eq!(in_working_lists(&redis), 0, "working list empty");
 }
@@ -313,7 +283,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     let runs = |p: &Project| -> Vec<(String, String)> {
         let mut v = Vec::new();
         for f in ["ruby.txt", "pg.txt"] {
-            for l in lines(p, f) {
+            for l in p.lines(f) {
                 let (who, jid) = l.split_once(' ').unwrap();
                 v.push((who.to_string(), jid.to_string()));
             }
@@ -326,7 +296,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     wait_until(
         "queue and working lists empty",
         Duration::from_secs(30),
-        || llen(&redis, "queue:default") == 0 && in_working_lists(&redis) == 0,
+        || redis.llen("queue:default") == 0 && in_working_lists(&redis) == 0,
     );
     let all = runs(&p);
     let by_ruby = all.iter().filter(|(w, _)| w == "ruby").count();
@@ -381,7 +351,7 @@ fn basic_fetch_is_plain_brpop() {
     );
     push(&redis, "RecJob", 20);
     wait_until("20 jobs ran", Duration::from_secs(30), || {
-        lines(&p, "ledger.txt").len() >= 20
+        p.lines("ledger.txt").len() >= 20
     });
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -393,7 +363,7 @@ fn basic_fetch_is_plain_brpop() {
     assert_eq!(in_working_lists(&redis), 0);
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
-    assert_eq!(lines(&p, "ledger.txt").len(), 20);
+    assert_eq!(p.lines("ledger.txt").len(), 20);
 }
 
 fn calls(redis: &RedisServer, cmd: &str) -> u64 {
@@ -499,9 +469,9 @@ fn basic_fetch_pops_batches_in_strict_order() {
         .args(["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"])
         .start();
     wait_until("60 jobs ran", Duration::from_secs(60), || {
-        lines(&p, "ledger.txt").len() >= 60
+        p.lines("ledger.txt").len() >= 60
     });
-    let ledger = lines(&p, "ledger.txt");
+    let ledger = p.lines("ledger.txt");
     // Slots start jobs as they free up, so only the last batch of `a` may finish among `b`'s.
     assert!(ledger[..27].iter().all(|q| q == "a"), "{ledger:?}");
     assert_eq!(ledger.iter().filter(|q| *q == "b").count(), 30);
@@ -547,9 +517,9 @@ fn reliable_fetch_keeps_strict_order_over_many_queues() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut w = Worker::builder(&redis).jobs(p.path()).args(&args).start();
     wait_until("40 jobs ran", Duration::from_secs(60), || {
-        lines(&p, "ledger.txt").len() >= 40
+        p.lines("ledger.txt").len() >= 40
     });
-    let ledger = lines(&p, "ledger.txt");
+    let ledger = p.lines("ledger.txt");
     assert!(ledger[..17].iter().all(|q| q == "q1"), "{ledger:?}");
     assert_eq!(ledger.iter().filter(|q| *q == "q11").count(), 20);
     wait_until("every job acked", Duration::from_secs(30), || {

@@ -17,13 +17,6 @@ fn zrange(redis: &RedisServer, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn lrange(redis: &RedisServer, key: &str) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg(&[key, "0", "-1"])
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 fn set(redis: &RedisServer, key: &str, value: &str) {
     let _: () = redis::cmd("SET")
         .arg(&[key, value])
@@ -121,10 +114,7 @@ fn one_failing_identity_does_not_stop_the_orphan_sweep() {
         Duration::from_secs(20),
         || w.saw("gone-a:1:x") && w.saw("queue:wq"),
     );
-    assert_eq!(
-        lrange(&redis, "playguard:working:gone-b:2:x:wq"),
-        vec![stuck]
-    );
+    assert_eq!(redis.lrange("playguard:working:gone-b:2:x:wq"), vec![stuck]);
     let left: Vec<String> = redis::cmd("HKEYS")
         .arg("playguard:fetchers")
         .query(&mut c)
@@ -166,7 +156,7 @@ fn requeue_and_drain_keep_the_job_when_the_queue_key_has_the_wrong_type() {
         .arg("playguard:working:*")
         .query(&mut redis.conn())
         .unwrap();
-    let kept: Vec<String> = working.iter().flat_map(|k| lrange(&redis, k)).collect();
+    let kept: Vec<String> = working.iter().flat_map(|k| redis.lrange(k)).collect();
     assert_eq!(kept, vec![payload], "{}", w.output());
     assert!(w.saw("queue:default"), "{}", w.output());
 }
@@ -194,5 +184,5 @@ fn a_failed_outcome_write_is_retried_until_it_lands() {
         .arg("playguard:working:*")
         .query(&mut redis.conn())
         .unwrap();
-    assert!(working.iter().all(|k| lrange(&redis, k).is_empty()));
+    assert!(working.iter().all(|k| redis.lrange(k).is_empty()));
 }

@@ -35,19 +35,6 @@ fn phased_project(ttl: u32, first_phase_secs: u32) -> Project {
     p
 }
 
-fn ledger(p: &Project) -> String {
-    std::fs::read_to_string(p.path().join("ledger.log")).unwrap_or_default()
-}
-
-fn queue(redis: &RedisServer) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg("queue:default")
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 fn working_lists_empty(redis: &RedisServer) -> bool {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("playguard:working:*")
@@ -57,7 +44,7 @@ fn working_lists_empty(redis: &RedisServer) -> bool {
 }
 
 fn pids_of(p: &Project, phase: &str) -> Vec<i32> {
-    ledger(p)
+    p.read("ledger.log")
         .lines()
         .filter(|l| l.starts_with(&format!("start {phase} ")))
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
@@ -77,7 +64,7 @@ fn term_during_a_long_phase(fetch: &str) {
         .start();
     let jid = enqueue(&redis, &["PlayguardJob", "1"]);
     wait_until("phase one running", Duration::from_secs(10), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     let t = Instant::now();
     w.signal("TERM");
@@ -94,14 +81,14 @@ fn term_during_a_long_phase(fetch: &str) {
         .query(&mut c)
         .unwrap();
     assert!(!locked, "lock released");
-    let q = queue(&redis);
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1, "exactly one copy requeued: {q:?}");
     assert!(q[0].contains(&jid), "same jid");
     assert!(working_lists_empty(&redis));
     for pid in pids_of(&p, "one") {
         assert!(!alive(pid), "the phase's process {pid} is gone");
     }
-    assert!(!ledger(&p).contains("start two"));
+    assert!(!p.read("ledger.log").contains("start two"));
     // A restarted worker completes the job.
     std::fs::remove_file(p.path().join("slow")).unwrap();
     let mut w2 = Worker::builder(&redis)
@@ -111,11 +98,11 @@ fn term_during_a_long_phase(fetch: &str) {
     wait_until(
         "cycle completed after restart",
         Duration::from_secs(20),
-        || ledger(&p).contains("end two"),
+        || p.read("ledger.log").contains("end two"),
     );
     w2.signal("INT");
     assert_eq!(w2.wait_exit(Duration::from_secs(15)), Some(0));
-    assert!(queue(&redis).is_empty());
+    assert!(redis.lrange("queue:default").is_empty());
 }
 
 #[test]
@@ -138,7 +125,7 @@ fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
         .start();
     let jid = enqueue(&redis, &["PlayguardJob", "2"]);
     wait_until("phase one running", Duration::from_secs(10), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     let t = Instant::now();
     w.signal("TERM");
@@ -148,8 +135,10 @@ fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
         t.elapsed()
     );
     assert!(w.saw("stopping at the phase boundary"), "{}", w.output());
-    assert!(ledger(&p).contains("end one") && !ledger(&p).contains("start two"));
-    let q = queue(&redis);
+    assert!(
+        p.read("ledger.log").contains("end one") && !p.read("ledger.log").contains("start two")
+    );
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1);
     assert!(q[0].contains(&jid));
     let locked: bool = redis::cmd("EXISTS")
@@ -169,12 +158,12 @@ fn a_plain_job_finishes_within_the_timeout_and_is_not_requeued() {
         .start();
     enqueue(&redis, &["PlainJob", "x"]);
     wait_until("plain job running", Duration::from_secs(10), || {
-        ledger(&p).contains("start plain")
+        p.read("ledger.log").contains("start plain")
     });
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
-    assert!(ledger(&p).contains("end plain"), "finished");
-    assert!(queue(&redis).is_empty(), "not requeued");
+    assert!(p.read("ledger.log").contains("end plain"), "finished");
+    assert!(redis.lrange("queue:default").is_empty(), "not requeued");
     assert!(working_lists_empty(&redis));
     // Counted once as processed, with no failure.
     let mut c = redis.conn();
@@ -196,7 +185,7 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
         .start();
     let jid = enqueue(&redis, &["PlainJob", "y"]);
     wait_until("plain job running", Duration::from_secs(10), || {
-        ledger(&p).contains("start plain")
+        p.read("ledger.log").contains("start plain")
     });
     w.signal("TERM");
     w.wait_for_line("shutting down", Duration::from_secs(5));
@@ -207,7 +196,7 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
         "a second TERM moves the deadline to now"
     );
     assert!(w.saw("deadline moved to now"));
-    let q = queue(&redis);
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1);
     assert!(q[0].contains(&jid));
     for pid in pids_of(&p, "plain") {
@@ -225,7 +214,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
         .start();
     enqueue(&redis, &["PlayguardJob", "3"]);
     wait_until("phase one running", Duration::from_secs(10), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     w.signal("TTIN");
     w.wait_for_line("phase=one", Duration::from_secs(5));
@@ -248,12 +237,12 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
                 == "true"
         })
     });
-    assert!(!ledger(&p).contains("start plain"));
+    assert!(!p.read("ledger.log").contains("start plain"));
     w.signal("USR1");
     w.signal("TERM");
     assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
     assert_eq!(
-        queue(&redis).len(),
+        redis.lrange("queue:default").len(),
         2,
         "the interrupted cycle and the unfetched job"
     );
@@ -315,7 +304,7 @@ fn works_under_foreman() {
         .unwrap();
     let jid = enqueue(&redis, &["PlayguardJob", "8"]);
     wait_until("phase one running", Duration::from_secs(20), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     signal(foreman.id() as i32, "TERM");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -323,7 +312,7 @@ fn works_under_foreman() {
         assert!(Instant::now() < deadline, "foreman did not stop");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let q = queue(&redis);
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1, "requeued once under foreman: {q:?}");
     assert!(q[0].contains(&jid));
 }

@@ -13,15 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::*;
 
-/// Blocks until the file `release` appears in the project directory (the job's cwd).
-const BLOCK: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
-const RECORD: &str = "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n";
 const FAIL: &str = "#!/bin/sh\necho \"it broke: $PLAYGUARD_ARGS\" >&2\nexit 1\n";
 
 fn project() -> Project {
     Project::with_jobs(&[
-        ("BlockJob", "block", BLOCK),
-        ("RecordJob", "record", RECORD),
+        ("BlockJob", "block", BLOCK_UNTIL_RELEASE),
+        ("RecordJob", "record", RECORD_JID),
         ("FailJob", "fail", FAIL),
     ])
 }
@@ -599,12 +596,6 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
     assert!(!body.contains(&host_pid), "stopped process still on /busy");
 }
 
-/// A phase that touches `<name>.started`, then waits for `<name>.go`; `<name>` is args[0].
-const WAIT_FOR_GO: &str = "#!/bin/sh\n\
-    name=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[] \"' | cut -d, -f1)\n\
-    touch \"$name.started\"\n\
-    while [ ! -e \"$name.go\" ]; do sleep 0.02; done\n";
-
 /// The Playguard tab (ruby/playguard/web.rb, required next to sidekiq/web as a Rails app does)
 /// in the real Sidekiq::Web 6.4.1, against a real worker whose database-fenced cycle waits in
 /// its `apply` phase: the lock with its holder, phase, lease bar and PostgreSQL fence, the
@@ -619,7 +610,7 @@ fn playguard_tab_shows_the_running_cycle_and_the_ledger() {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
     let p = Project::new();
-    p.script("jobs/bin/noop", "#!/bin/sh\n");
+    p.script("jobs/bin/noop", NOOP);
     p.script("jobs/bin/wait", WAIT_FOR_GO);
     p.write(
         "jobs/app.toml",
@@ -653,7 +644,7 @@ run = ["jobs/bin/noop"]
     ))
     };
     // One finished cycle in the ledger, then one left running in `apply`.
-    p.write("3.go", "");
+    p.go("3");
     enqueue(&redis, &["MarqueeCycle", "3"]);
     wait_until("Marquee 3 complete", Duration::from_secs(30), || {
         outcomes("lock:marquee:3") == "complete"
@@ -769,7 +760,7 @@ run = ["jobs/bin/noop"]
             "(0 held)",
         ],
     );
-    p.write("7.go", "");
+    p.go("7");
     wait_until("Marquee 7 lock_lost", Duration::from_secs(30), || {
         outcomes("lock:marquee:7") == "lock_lost"
     });

@@ -1,7 +1,85 @@
-//! The scratch project a worker runs in: a temp dir with `jobs/` manifests and executable job
-//! scripts.
+//! Jobs: the scratch project a worker runs in (a temp dir with `jobs/` manifests and executable
+//! job scripts), the job scripts several test files use, and the ledgers those scripts write,
+//! read back. A script's cwd is the project directory, so its files are the project's.
 
+use super::lines::{file_lines, read_or_empty};
+use super::RedisServer;
 use std::path::{Path, PathBuf};
+
+/// Does nothing, exits 0.
+pub const NOOP: &str = "#!/bin/sh\n";
+
+/// Blocks until the file `release` appears in the project directory.
+pub const BLOCK_UNTIL_RELEASE: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
+
+/// Appends its job's jid to `ledger.txt`.
+pub const RECORD_JID: &str = "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n";
+
+/// A phase that touches `<name>.started`, then waits for `<name>.go` (see [`Project::go`]);
+/// `<name>` is the job's first argument.
+pub const WAIT_FOR_GO: &str = "#!/bin/sh\n\
+    name=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[] \"' | cut -d, -f1)\n\
+    touch \"$name.started\"\n\
+    while [ ! -e \"$name.go\" ]; do sleep 0.02; done\n";
+
+/// A phase that appends `start <marquee> <phase> <fence> <pid> <epoch>` to `ledger.log`,
+/// sleeps `secs`, then appends the same with `end` (read back with [`phase_ledger`]).
+pub fn phase_ledger_script(secs: f64) -> String {
+    format!(
+        "#!/bin/sh\nm=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[]\"')\n\
+         echo \"start $m $PLAYGUARD_PHASE $PLAYGUARD_FENCE $$ $(date +%s.%N)\" >> ledger.log\n\
+         sleep {secs}\n\
+         echo \"end $m $PLAYGUARD_PHASE $PLAYGUARD_FENCE $$ $(date +%s.%N)\" >> ledger.log\n"
+    )
+}
+
+/// One line of a [`phase_ledger_script`]'s `ledger.log`.
+#[derive(Debug, Clone)]
+pub struct PhaseEntry {
+    pub kind: String,
+    pub marquee: String,
+    pub phase: String,
+    pub fence: i64,
+    pub pid: i32,
+    pub at: f64,
+}
+
+/// The whole entries of the project's `ledger.log` so far, in file order.
+pub fn phase_ledger(p: &Project) -> Vec<PhaseEntry> {
+    p.lines("ledger.log")
+        .iter()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 6).then(|| PhaseEntry {
+                kind: f[0].into(),
+                marquee: f[1].into(),
+                phase: f[2].into(),
+                fence: f[3].parse().unwrap(),
+                pid: f[4].parse().unwrap(),
+                at: f[5].parse().unwrap(),
+            })
+        })
+        .collect()
+}
+
+/// (start, end, fence) of each phase run of `marquee`, by start; a run with no `end` line
+/// yet ends at infinity.
+pub fn phase_intervals(entries: &[PhaseEntry], marquee: &str) -> Vec<(f64, f64, i64)> {
+    let mut out = Vec::new();
+    for s in entries
+        .iter()
+        .filter(|e| e.kind == "start" && e.marquee == marquee)
+    {
+        let end = entries
+            .iter()
+            .find(|e| e.kind == "end" && e.pid == s.pid)
+            .map(|e| e.at)
+            .unwrap_or(f64::INFINITY);
+        out.push((s.at, end, s.fence));
+    }
+    out.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    out
+}
 
 /// A scratch project directory with `jobs/` manifests and scripts.
 pub struct Project {
@@ -39,6 +117,21 @@ impl Project {
         p
     }
 
+    /// The content of the project file `rel` ("" while it does not exist).
+    pub fn read(&self, rel: &str) -> String {
+        read_or_empty(&self.path().join(rel))
+    }
+
+    /// The lines of the project file `rel` (none while it does not exist).
+    pub fn lines(&self, rel: &str) -> Vec<String> {
+        file_lines(&self.path().join(rel))
+    }
+
+    /// Let a [`WAIT_FOR_GO`] phase for `name` go on: `<name>.go`.
+    pub fn go(&self, name: &str) {
+        self.write(&format!("{name}.go"), "");
+    }
+
     /// Write an executable script.
     pub fn script(&self, rel: &str, content: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;
@@ -46,4 +139,20 @@ impl Project {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         p
     }
+}
+
+/// LPUSH raw payloads onto `queue:default` (after SADD to `queues`), as the Sidekiq client's
+/// push and push_bulk do.
+pub fn push_to_default(redis: &RedisServer, payloads: impl redis::ToRedisArgs) {
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("queues")
+        .arg("default")
+        .ignore()
+        .cmd("LPUSH")
+        .arg("queue:default")
+        .arg(payloads)
+        .ignore()
+        .query(&mut redis.conn())
+        .unwrap();
 }

@@ -84,6 +84,29 @@ impl RedisServer {
         c
     }
 
+    /// `LLEN key` on a fresh connection.
+    pub fn llen(&self, key: &str) -> usize {
+        redis::cmd("LLEN").arg(key).query(&mut self.conn()).unwrap()
+    }
+
+    /// `ZCARD key` on a fresh connection.
+    pub fn zcard(&self, key: &str) -> i64 {
+        redis::cmd("ZCARD")
+            .arg(key)
+            .query(&mut self.conn())
+            .unwrap()
+    }
+
+    /// The whole list `key` (`LRANGE key 0 -1`) on a fresh connection.
+    pub fn lrange(&self, key: &str) -> Vec<String> {
+        redis::cmd("LRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .query(&mut self.conn())
+            .unwrap()
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
     }
