@@ -503,11 +503,7 @@ run = ["jobs/bin/x"]
         .current_dir(p.path())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(
         text.contains("PostgreSQL") && text.contains("postgres:***@"),

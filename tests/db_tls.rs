@@ -89,11 +89,7 @@ fn check(redis: &RedisServer, p: &Project, url: &str) -> (Option<i32>, String) {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     (out.status.code(), text)
 }
 

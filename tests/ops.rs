@@ -12,28 +12,9 @@ use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// Three phases, the middle one slow; fences from PostgreSQL.
-const MANIFEST: &str = r#"
-[[job]]
-class = "MarqueeCycle"
-lock = { key = "lock:c:{args.0}", ttl_secs = 30, label = "Marquee {args.0}", fence = "database" }
-[[job.phase]]
-name = "fetch"
-run = ["jobs/bin/noop"]
-[[job.phase]]
-name = "apply"
-run = ["jobs/bin/wait"]
-[[job.phase]]
-name = "publish"
-run = ["jobs/bin/noop"]
-"#;
-
+/// Three phases, the middle one slow (`<name>.go` lets it end); fences from PostgreSQL.
 fn project() -> Project {
-    let p = Project::new();
-    p.script("jobs/bin/noop", NOOP);
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
-    p.write("jobs/app.toml", MANIFEST);
-    p
+    Project::go_gated_cycle("lock:c:")
 }
 
 fn worker(redis: &RedisServer, pg: &PostgresServer, p: &Project) -> Worker {
@@ -416,8 +397,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     wait_until("the last cycle completed", PATIENCE, || {
         json_of(&["cycles", "--json", "--limit", "1"], &env)[0]["outcome"] == "complete"
     });
-    b.signal("TERM");
-    assert_eq!(b.wait_exit(PATIENCE), Some(0), "{}", b.output());
+    b.stop(PATIENCE);
 }
 
 /// Unreachable servers: exit 1 with one line naming the URL, its password hidden.

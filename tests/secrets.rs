@@ -20,14 +20,6 @@ fn passworded(redis: &RedisServer) -> String {
     format!("redis://:{SECRET}@127.0.0.1:{}/0", redis.port)
 }
 
-fn text(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// `--help` of every subcommand, `check` and `enqueue` (reachable or not) never print it.
 #[test]
 fn help_check_and_enqueue_never_print_the_password() {
@@ -40,7 +32,7 @@ fn help_check_and_enqueue_never_print_the_password() {
             .env("DATABASE_URL", format!("postgres://u:{SECRET}@db/app"))
             .output()
             .unwrap();
-        let t = text(&out);
+        let t = output_text(&out);
         assert!(out.status.success(), "{t}");
         assert!(
             !t.contains(SECRET),
@@ -60,7 +52,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         )
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(
         !out.status.success() && t.contains("cannot reach PostgreSQL at postgres://u:***@"),
         "{t}"
@@ -74,7 +66,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(
         !out.status.success() && t.contains("cannot reach Redis at redis://app:***@"),
         "{t}"
@@ -84,7 +76,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         .args(["enqueue", "-r", &unreachable, "AJob"])
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(!out.status.success() && !t.contains(SECRET), "{t}");
 
     let redis = RedisServer::start();
@@ -95,7 +87,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("ok:") && !t.contains(SECRET), "{t}");
 }
@@ -116,7 +108,7 @@ fn worker_logs_never_print_the_password() {
             .args(["enqueue", "-r", &url, class])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", output_text(&out));
     }
     w.wait_for_line("fail: retry scheduled", Duration::from_secs(20));
     w.wait_for_line("done", Duration::from_secs(20));

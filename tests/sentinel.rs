@@ -475,11 +475,7 @@ fn check_names_the_primary_and_prints_no_password() {
             .unwrap()
     };
     let out = check("sentinel-secret");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(
         text.contains(&format!(
@@ -491,11 +487,7 @@ fn check_names_the_primary_and_prints_no_password() {
     assert!(!text.contains("secret"), "no password printed: {text}");
     // A wrong sentinel password is an unreachable Redis, named without either password.
     let out = check("wrong-secret");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains("cannot reach Redis at redis-sentinel://:***@"),

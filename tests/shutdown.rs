@@ -67,13 +67,7 @@ fn term_during_a_long_phase(fetch: &str) {
         p.read("ledger.log").contains("start one")
     });
     let t = Instant::now();
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(15));
     eprintln!("{fetch}: TERM to exit took {:?} with -t 3", t.elapsed());
     let mut c = redis.conn();
     let locked: bool = redis::cmd("EXISTS")

@@ -609,26 +609,7 @@ fn playguard_tab_shows_the_running_cycle_and_the_ledger() {
     }
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    let p = Project::new();
-    p.script("jobs/bin/noop", NOOP);
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
-    p.write(
-        "jobs/app.toml",
-        r#"
-[[job]]
-class = "MarqueeCycle"
-lock = { key = "lock:marquee:{args.0}", ttl_secs = 30, label = "Marquee {args.0}", fence = "database" }
-[[job.phase]]
-name = "fetch"
-run = ["jobs/bin/noop"]
-[[job.phase]]
-name = "apply"
-run = ["jobs/bin/wait"]
-[[job.phase]]
-name = "publish"
-run = ["jobs/bin/noop"]
-"#,
-    );
+    let p = Project::go_gated_cycle("lock:marquee:");
     let db = pg.url();
     let mut w = Worker::builder(&redis)
         .jobs(p.path())
@@ -771,11 +752,5 @@ run = ["jobs/bin/noop"]
         "/playguard",
         &[">lock_lost</span>", "the key now holds another owner"],
     );
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
 }

@@ -132,6 +132,35 @@ impl Project {
         self.write(&format!("{name}.go"), "");
     }
 
+    /// A project with one reconcile job, `MarqueeCycle`, locked on `<lock_prefix><args.0>`
+    /// (ttl 30 s, fences from PostgreSQL, label `Marquee <args.0>`) in three phases: `fetch`
+    /// ([`NOOP`]), `apply` ([`WAIT_FOR_GO`]: it waits for [`Project::go`]) and `publish` ([`NOOP`]).
+    pub fn go_gated_cycle(lock_prefix: &str) -> Project {
+        let p = Project::new();
+        p.script("jobs/bin/noop", NOOP);
+        p.script("jobs/bin/wait", WAIT_FOR_GO);
+        p.write(
+            "jobs/app.toml",
+            &format!(
+                r#"
+[[job]]
+class = "MarqueeCycle"
+lock = {{ key = "{lock_prefix}{{args.0}}", ttl_secs = 30, label = "Marquee {{args.0}}", fence = "database" }}
+[[job.phase]]
+name = "fetch"
+run = ["jobs/bin/noop"]
+[[job.phase]]
+name = "apply"
+run = ["jobs/bin/wait"]
+[[job.phase]]
+name = "publish"
+run = ["jobs/bin/noop"]
+"#
+            ),
+        );
+        p
+    }
+
     /// Write an executable script.
     pub fn script(&self, rel: &str, content: &str) -> PathBuf {
         use std::os::unix::fs::PermissionsExt;

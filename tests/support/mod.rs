@@ -47,10 +47,33 @@ pub fn assert_success(out: &std::process::Output) {
     );
 }
 
+/// A finished command's stdout followed by its stderr, as text.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 pub fn signal(pid: i32, sig: &str) {
     let _ = Command::new("kill")
         .args([format!("-{sig}"), pid.to_string()])
         .status();
+}
+
+/// Wait up to `timeout` for a child that was asked to stop to exit, SIGKILL it after that,
+/// and reap it.
+pub fn reap_within(c: &mut std::process::Child, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while c.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = c.wait();
 }
 
 /// Poll `cond` until it is true or the deadline passes; panics with `what` on timeout.

@@ -3,7 +3,7 @@
 //! stopped by PID on drop.
 
 use super::tls::{make_ca, make_server_cert};
-use super::{free_port, signal};
+use super::{free_port, reap_within, signal};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -267,15 +267,7 @@ impl PostgresServer {
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             signal(c.id() as i32, "INT");
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.wait();
+            reap_within(&mut c, Duration::from_secs(20));
         }
     }
 

@@ -1,7 +1,7 @@
 //! The redis-server a test starts and stops: a free loopback port, no persistence, stopped by
 //! PID on drop (also paused, resumed, restarted on its port, or shut down NOSAVE and restarted).
 
-use super::{free_port, signal};
+use super::{free_port, reap_within, signal};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -152,15 +152,7 @@ impl RedisServer {
             .arg("NOSAVE")
             .query::<()>(&mut self.conn());
         if let Some(mut c) = self.child.take() {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while c.try_wait().unwrap().is_none() {
-                if Instant::now() > deadline {
-                    let _ = c.kill();
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.wait();
+            reap_within(&mut c, Duration::from_secs(10));
         }
         self.spawn();
     }
