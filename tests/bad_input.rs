@@ -217,8 +217,7 @@ fn every_bad_payload_is_kept_in_dead_and_the_worker_runs_on() {
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(retry, 0);
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 
     // Arguments too large for exec (E2BIG): the spawn fails and the job is dead with the reason.
     let big = ok_job("e2big", &format!("[\"{}\"]", "y".repeat(300 * 1024)));

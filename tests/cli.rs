@@ -216,8 +216,7 @@ fn json_logs_carry_pid_jid_class_and_numeric_elapsed_ms() {
         .unwrap();
     let jid = String::from_utf8(out.stdout).unwrap().trim().to_string();
     w.wait_for_line("\"message\":\"done\"", Duration::from_secs(20));
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+    w.stop(Duration::from_secs(10));
     let lines = w.lines();
     let parsed: Vec<serde_json::Value> = lines
         .iter()
@@ -263,7 +262,7 @@ fn a_user_denied_info_still_runs() {
         .query(&mut c)
         .unwrap();
     let url = format!("redis://app:pw@127.0.0.1:{}/0", redis.port);
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("OkJob", "ok", RECORD_RAN)]);
     let out = Command::new(bin())
         .args(["check", "-r", &url])
         .current_dir(p.path())
@@ -361,7 +360,6 @@ fn quiet_warnings_carry_the_job_context() {
             );
             assert!(line.contains(&want), "{line}");
         }
-        w.signal("TERM");
-        assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+        w.stop(Duration::from_secs(10));
     }
 }

@@ -93,8 +93,7 @@ fn a_grandchild_holding_the_pipes_does_not_keep_the_job_running() {
     wait_until("the second job finished", Duration::from_secs(30), || {
         w.count_lines("done elapsed_ms") == 2
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 /// A command gets exactly its manifest argv (argv[0] as written, no argument added or

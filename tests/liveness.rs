@@ -323,7 +323,6 @@ fn worker_cut_off_from_redis_stops_its_job_and_hands_it_back() {
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(retries, 0, "handed back, not retried");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     assert_eq!(starts(&p).len(), 2);
 }

@@ -228,8 +228,7 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
         http_get(port, "/health").map(|r| r.0) == Some(200)
     });
 
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 /// Class names come from payloads: past 100 distinct ones the rest fold into `class="other"`,

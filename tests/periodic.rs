@@ -297,8 +297,7 @@ retry = 3
         Duration::from_secs(20),
         || !queued(&redis, "marquees").is_empty() && !queued(&redis, "reports").is_empty(),
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 
     let out = ruby(
         &redis,
@@ -394,8 +393,7 @@ fn a_redis_outage_neither_loses_nor_doubles_a_claimed_tick() {
         "an attempt failed during the outage"
     );
     for w in &mut workers {
-        w.signal("TERM");
-        assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+        w.stop(Duration::from_secs(20));
     }
 
     let mut by_tick: BTreeMap<u64, Vec<String>> = BTreeMap::new();

@@ -340,8 +340,7 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
             seen.trim() == "pull_images [6] default"
         },
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 /// The last phase's proof of ownership (folded into the release when there is no database):

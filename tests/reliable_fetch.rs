@@ -112,8 +112,7 @@ fn sigkill_three_times_loses_no_job() {
         runs.len() - counts.len()
     );
     assert!(counts.keys().all(|j| all.contains(*j)), "only our jids ran");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 #[test]
@@ -187,8 +186,7 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     eprintln!("dead entry: {msg}");
     assert_eq!(redis.llen("queue:default"), 0);
     assert_eq!(in_working_lists(&redis), 0);
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 #[test]
@@ -212,8 +210,7 @@ fn sigterm_puts_the_running_job_back_once() {
         !p.lines("started.txt").is_empty()
     });
     assert_eq!(in_working_lists(&redis), 1, "held in the working list");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     let queued = redis.lrange("queue:default");
     assert_eq!(queued, vec![jobs[0].1.clone()], "back once, byte for byte");
     assert_eq!(in_working_lists(&redis), 0, "working list empty");
@@ -309,8 +306,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     assert_eq!(jids.len(), 400);
     assert!(jids.iter().all(|j| sent.contains(*j)));
     assert!(by_ruby > 0 && by_ruby < 400, "both processes took work");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     signal(ruby_proc.0.id() as i32, "TERM");
     wait_until("ruby sidekiq exited", Duration::from_secs(40), || {
         ruby_proc.0.try_wait().unwrap().is_some()
@@ -361,8 +357,7 @@ fn basic_fetch_is_plain_brpop() {
     assert!(!stats.contains("cmdstat_blmove:"), "{stats}");
     assert!(!stats.contains("cmdstat_lrem:"), "no acks: {stats}");
     assert_eq!(in_working_lists(&redis), 0);
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     assert_eq!(p.lines("ledger.txt").len(), 20);
 }
 
@@ -435,34 +430,32 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
     assert_eq!(working(&mut c, "w:b"), ["b0"]);
 }
 
+/// Appends its job's queue to `ledger.txt`.
+const RECORD_QUEUE: &str = "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n";
+
+/// LPUSH `n` RecJob payloads for queue `q` onto `queue:<q>` in one call.
+fn push_rec_jobs(redis: &RedisServer, q: &str, n: usize) {
+    let raws: Vec<String> = (0..n)
+        .map(|i| {
+            let (_, p) = payload("RecJob", json!([i]));
+            p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""))
+        })
+        .collect();
+    let _: () = redis::cmd("LPUSH")
+        .arg(format!("queue:{q}"))
+        .arg(raws)
+        .query(&mut redis.conn())
+        .unwrap();
+}
+
 /// Basic fetch pops batches with RPOP <count> while the queues are busy, in strict queue order:
 /// queue `b` is touched only once `a` is empty.
 #[test]
 fn basic_fetch_pops_batches_in_strict_order() {
     let redis = RedisServer::start();
-    let p = Project::new();
-    p.script(
-        "jobs/bin/rec",
-        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
-    );
-    let mut c = redis.conn();
+    let p = Project::with_jobs(&[("RecJob", "rec", RECORD_QUEUE)]);
     for q in ["b", "a"] {
-        let raws: Vec<String> = (0..30)
-            .map(|i| {
-                let (_, mut p) = payload("RecJob", json!([i]));
-                p = p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""));
-                p
-            })
-            .collect();
-        let _: () = redis::cmd("LPUSH")
-            .arg(format!("queue:{q}"))
-            .arg(raws)
-            .query(&mut c)
-            .unwrap();
+        push_rec_jobs(&redis, q, 30);
     }
     let mut w = Worker::builder(&redis)
         .jobs(p.path())
@@ -476,8 +469,7 @@ fn basic_fetch_pops_batches_in_strict_order() {
     assert!(ledger[..27].iter().all(|q| q == "a"), "{ledger:?}");
     assert_eq!(ledger.iter().filter(|q| *q == "b").count(), 30);
     assert!(calls(&redis, "rpop") > 0, "batched pops");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 /// Reliable fetch looks at its queues a few at a time (so a batch the first queues can fill does
@@ -486,28 +478,9 @@ fn basic_fetch_pops_batches_in_strict_order() {
 #[test]
 fn reliable_fetch_keeps_strict_order_over_many_queues() {
     let redis = RedisServer::start();
-    let p = Project::new();
-    p.script(
-        "jobs/bin/rec",
-        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
-    );
-    let mut c = redis.conn();
+    let p = Project::with_jobs(&[("RecJob", "rec", RECORD_QUEUE)]);
     for q in ["q11", "q1"] {
-        let raws: Vec<String> = (0..20)
-            .map(|i| {
-                let (_, p) = payload("RecJob", json!([i]));
-                p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""))
-            })
-            .collect();
-        let _: () = redis::cmd("LPUSH")
-            .arg(format!("queue:{q}"))
-            .arg(raws)
-            .query(&mut c)
-            .unwrap();
+        push_rec_jobs(&redis, q, 20);
     }
     let mut args = vec!["-c".to_string(), "3".to_string()];
     for i in 0..12 {
@@ -525,6 +498,5 @@ fn reliable_fetch_keeps_strict_order_over_many_queues() {
     wait_until("every job acked", Duration::from_secs(30), || {
         in_working_lists(&redis) == 0
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }

@@ -99,8 +99,7 @@ puts JSON.generate(out)
     wait_until("Stats.processed == 1003", Duration::from_secs(20), || {
         ruby(&redis, "puts Sidekiq::Stats.new.processed").trim() == "1003"
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 #[test]
@@ -186,8 +185,7 @@ puts JSON.generate({
                 == "[4, 4]"
         },
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
@@ -262,8 +260,7 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
                 == 0
         },
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 #[test]
@@ -358,6 +355,5 @@ fn dead_set_is_trimmed_as_sidekiq_trims_it() {
         retries, 0,
         "the stray unknown-class job without `retry` was dropped"
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }

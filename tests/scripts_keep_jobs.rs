@@ -36,7 +36,7 @@ fn job(class: &str, queue: &str, jid: &str) -> String {
 fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
     let redis = RedisServer::start();
     set(&redis, "queue:bad", "not a list");
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("OkJob", "ok", RECORD_RAN)]);
     let mut c = redis.conn();
     let bad = job("OkJob", "bad", "badjid");
     let good = job("OkJob", "default", "goodjid");
@@ -76,7 +76,7 @@ fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
 #[test]
 fn one_failing_identity_does_not_stop_the_orphan_sweep() {
     let redis = RedisServer::start();
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("OkJob", "ok", RECORD_RAN)]);
     let mut c = redis.conn();
     let entry = |q: &str| format!(r#"{{"queues":["{q}"],"ns":""}}"#);
     // Inserted first, so the sweep meets it first (a small hash keeps insertion order).

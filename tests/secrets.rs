@@ -112,8 +112,7 @@ fn worker_logs_never_print_the_password() {
     }
     w.wait_for_line("fail: retry scheduled", Duration::from_secs(20));
     w.wait_for_line("done", Duration::from_secs(20));
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     assert!(!w.output().contains(SECRET), "{}", w.output());
 
     // Wrong password: a failed start names the URL, not the password.

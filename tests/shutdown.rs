@@ -122,8 +122,7 @@ fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
         p.read("ledger.log").contains("start one")
     });
     let t = Instant::now();
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
     eprintln!(
         "TERM to exit at a boundary took {:?} (deadline 20 s)",
         t.elapsed()
@@ -154,8 +153,7 @@ fn a_plain_job_finishes_within_the_timeout_and_is_not_requeued() {
     wait_until("plain job running", Duration::from_secs(10), || {
         p.read("ledger.log").contains("start plain")
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
     assert!(p.read("ledger.log").contains("end plain"), "finished");
     assert!(redis.lrange("queue:default").is_empty(), "not requeued");
     assert!(working_lists_empty(&redis));
@@ -233,8 +231,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
     });
     assert!(!p.read("ledger.log").contains("start plain"));
     w.signal("USR1");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
     assert_eq!(
         redis.lrange("queue:default").len(),
         2,
@@ -257,8 +254,7 @@ fn idle_worker_stops_fast_and_leaves_the_process_set() {
             == 1
     });
     let t = Instant::now();
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+    w.stop(Duration::from_secs(10));
     eprintln!("idle TERM to exit: {:?}", t.elapsed());
     assert_eq!(
         redis::cmd("SCARD")

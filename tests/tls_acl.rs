@@ -104,7 +104,7 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out s
 fn tls_acl_and_database_number() {
     let Some(r) = start() else { return };
     let url = format!("rediss://worker:s3cret@127.0.0.1:{}/2", r.port);
-    let p = Project::with_jobs(&[("TlsJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("TlsJob", "ok", RECORD_RAN)]);
     let ca = r.dir.path().join("ca.pem");
     let enq = Command::new(bin())
         .args(["enqueue", "-r", &url, "TlsJob"])

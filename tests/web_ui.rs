@@ -181,8 +181,7 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
         },
     );
 
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     // Gone at once after a clean stop: no cleanup or TTL needed.
     assert_eq!(
         ruby(&redis, "puts Sidekiq::ProcessSet.new.size").trim(),

@@ -83,8 +83,7 @@ fn finished_jobs_leave_the_working_list_while_an_older_one_runs() {
         working(&redis).1.is_empty()
     });
     assert_eq!(p.lines("ledger.txt").len(), 40, "each fast job ran once");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    w.stop(Duration::from_secs(20));
 }
 
 #[test]
@@ -118,8 +117,7 @@ fn a_list_not_as_pictured_is_acknowledged_job_by_job() {
     runs.sort();
     runs.dedup();
     assert_eq!(runs.len(), 200, "each fast job ran once");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    w.stop(Duration::from_secs(20));
     // A clean stop drains what is left: the stray payload goes to the queue, not lost.
     let queued = redis.lrange("queue:default");
     assert_eq!(queued, [stray]);

@@ -12,6 +12,9 @@ pub const NOOP: &str = "#!/bin/sh\n";
 /// Blocks until the file `release` appears in the project directory.
 pub const BLOCK_UNTIL_RELEASE: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
 
+/// Appends `ran` to `ran.log`.
+pub const RECORD_RAN: &str = "#!/bin/sh\necho ran >> ran.log\n";
+
 /// Appends its job's jid to `ledger.txt`.
 pub const RECORD_JID: &str = "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n";
 
