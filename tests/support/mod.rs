@@ -2,7 +2,10 @@
 //! when it needs one, its PostgreSQL cluster (initdb in a temp dir), each stopped by PID on
 //! drop, plus helpers to run the real binary and the real Ruby Sidekiq. Touches only the
 //! servers it started. One file per server or concern, all re-exported here so a test file's
-//! `use support::*` sees them all; this file keeps the process basics they share.
+//! `use support::*` sees them all; this file keeps the process basics they share (free ports,
+//! signals by PID, waiting on a condition with a deadline, a finished command's output, where
+//! the binary and the repository are).
+// Each test file uses some of it: the rest is unused there, and its re-export too.
 #![allow(dead_code, unused_imports)]
 
 mod http;

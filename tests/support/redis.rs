@@ -1,5 +1,6 @@
 //! The redis-server a test starts and stops: a free loopback port, no persistence, stopped by
-//! PID on drop (also paused, resumed, restarted on its port, or shut down NOSAVE and restarted).
+//! PID on drop (also paused, resumed, restarted on its port, or shut down NOSAVE and restarted),
+//! and the few reads many tests make of it (LLEN, ZCARD, LRANGE).
 
 use super::{free_port, reap_within, signal};
 use std::process::{Child, Command, Stdio};
