@@ -62,18 +62,6 @@ fn identity_of(redis: &RedisServer, w: &Worker) -> String {
     found.unwrap()
 }
 
-fn pid_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
 #[test]
 fn frozen_worker_command_is_killed_before_its_job_runs_again() {
     let redis = RedisServer::start();

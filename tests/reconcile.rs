@@ -18,13 +18,6 @@ fn manifest(ttl: f64, phases: &[(&str, &str)]) -> String {
     s
 }
 
-fn pid_alive(pid: i32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
-
 #[test]
 fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parallel() {
     let redis = RedisServer::start();

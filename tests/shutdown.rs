@@ -51,10 +51,6 @@ fn pids_of(p: &Project, phase: &str) -> Vec<i32> {
         .collect()
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-}
-
 fn term_during_a_long_phase(fetch: &str) {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
@@ -80,7 +76,7 @@ fn term_during_a_long_phase(fetch: &str) {
     assert!(q[0].contains(&jid), "same jid");
     assert!(working_lists_empty(&redis));
     for pid in pids_of(&p, "one") {
-        assert!(!alive(pid), "the phase's process {pid} is gone");
+        assert!(!pid_alive(pid), "the phase's process {pid} is gone");
     }
     assert!(!p.read("ledger.log").contains("start two"));
     // A restarted worker completes the job.
@@ -192,7 +188,7 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
     assert_eq!(q.len(), 1);
     assert!(q[0].contains(&jid));
     for pid in pids_of(&p, "plain") {
-        assert!(!alive(pid), "the job's process is gone");
+        assert!(!pid_alive(pid), "the job's process is gone");
     }
 }
 
@@ -333,11 +329,11 @@ fn a_sigkilled_worker_takes_its_running_command_with_it() {
             .is_ok_and(|s| s.contains("\"class\":\"PlainJob\""))
     });
     let (cmd, grandchild) = (pid("plain.pid").unwrap(), pid("grandchild.pid").unwrap());
-    assert!(alive(cmd) && alive(grandchild));
+    assert!(pid_alive(cmd) && pid_alive(grandchild));
     w.kill9();
     wait_until(
         "the command and its child died with their worker",
         Duration::from_secs(10),
-        || !alive(cmd) && !alive(grandchild),
+        || !pid_alive(cmd) && !pid_alive(grandchild),
     );
 }

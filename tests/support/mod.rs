@@ -79,6 +79,20 @@ pub fn reap_within(c: &mut std::process::Child, timeout: Duration) {
     let _ = c.wait();
 }
 
+/// Whether `pid` is a live process: its /proc entry is there and its state is not Z (a zombie
+/// has exited, only its parent has not reaped it yet).
+pub fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
 /// Poll `cond` until it is true or the deadline passes; panics with `what` on timeout.
 pub fn wait_until<F: FnMut() -> bool>(what: &str, timeout: Duration, mut cond: F) {
     let deadline = Instant::now() + timeout;
