@@ -158,11 +158,10 @@ fn every_bad_payload_is_kept_in_dead_and_the_worker_runs_on() {
             "NUL",
         ),
     ];
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &["--max-payload-bytes", &limit.to_string()],
-    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--max-payload-bytes", &limit.to_string()])
+        .start();
     for (raw, _) in &unparseable {
         push_raw(&redis, raw);
     }
@@ -218,12 +217,11 @@ fn every_bad_payload_is_kept_in_dead_and_the_worker_runs_on() {
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(retry, 0);
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 
     // Arguments too large for exec (E2BIG): the spawn fails and the job is dead with the reason.
     let big = ok_job("e2big", &format!("[\"{}\"]", "y".repeat(300 * 1024)));
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     push_raw(&redis, big.as_bytes());
     wait_until("the e2big job is dead", Duration::from_secs(30), || {
         dead_raw(&redis).len() == unparseable.len() + 6

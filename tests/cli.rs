@@ -29,12 +29,10 @@ fn yaml_config_with_env_section_and_flags_that_win() {
         ":concurrency: 3\n:queues:\n  - [critical, 3]\n  - low\ntag: from-yaml\nproduction:\n  concurrency: 7\n",
     );
     let url = format!("redis://127.0.0.1:{}/3", redis.port);
-    let mut w = Command::new(bin())
-        .args(["run", "-r", &url, "-e", "production", "-g", "from-flag"])
-        .current_dir(p.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut w = Worker::builder_url(&url)
+        .jobs(p.path())
+        .args(["-e", "production", "-g", "from-flag"])
+        .start();
     let mut c = redis::Client::open(url.as_str())
         .unwrap()
         .get_connection()
@@ -66,8 +64,8 @@ fn yaml_config_with_env_section_and_flags_that_win() {
     );
     assert_eq!(v["queues"], serde_json::json!(["critical", "low"]));
     assert_eq!(v["tag"], "from-flag", "flags win over the file");
-    signal(w.id() as i32, "TERM");
-    assert!(w.wait().unwrap().success());
+    w.signal("TERM");
+    assert_eq!(w.wait(), Some(0));
 }
 
 #[test]
@@ -140,14 +138,12 @@ fn the_shipped_reconcile_cycle_runs_all_six_phases() {
     pg.psql(&std::fs::read_to_string(project_dir().join("examples/demo.sql")).unwrap());
     pg.psql("INSERT INTO marquees (id) VALUES (42)");
     let demo = tempfile::tempdir().unwrap();
-    let w = Command::new(bin())
-        .args(["run", "-r", &redis.url(), "-q", "playguard"])
-        .current_dir(project_dir())
+    let mut w = Worker::builder(&redis)
+        .jobs(project_dir())
+        .args(["-q", "playguard"])
         .env("PLAYGUARD_DEMO_DIR", demo.path())
         .env("DATABASE_URL", pg.url())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+        .start();
     let out = Command::new(bin())
         .args([
             "enqueue",
@@ -169,9 +165,9 @@ fn the_shipped_reconcile_cycle_runs_all_six_phases() {
             .unwrap()
             == Some(1)
     });
-    signal(w.id() as i32, "TERM");
-    let output = w.wait_with_output().unwrap();
-    let log = String::from_utf8_lossy(&output.stdout);
+    w.signal("TERM");
+    w.wait();
+    let log = w.stdout();
     for phase in [
         "sync_git",
         "fetch_branches",
@@ -210,16 +206,18 @@ fn the_shipped_reconcile_cycle_runs_all_six_phases() {
 fn json_logs_carry_pid_jid_class_and_numeric_elapsed_ms() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("LogJob", "ok", "#!/bin/sh\necho working\n")]);
-    let mut w = Worker::start(&redis, p.path(), &["--log-format", "json"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--log-format", "json"])
+        .start();
     let out = Command::new(bin())
         .args(["enqueue", "-r", &redis.url(), "LogJob"])
         .output()
         .unwrap();
     let jid = String::from_utf8(out.stdout).unwrap().trim().to_string();
     w.wait_for_line("\"message\":\"done\"", Duration::from_secs(20));
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
-    let lines = w.lines.lock().unwrap().clone();
+    w.stop(Duration::from_secs(10));
+    let lines = w.lines();
     let parsed: Vec<serde_json::Value> = lines
         .iter()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
@@ -264,7 +262,7 @@ fn a_user_denied_info_still_runs() {
         .query(&mut c)
         .unwrap();
     let url = format!("redis://app:pw@127.0.0.1:{}/0", redis.port);
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("OkJob", "ok", RECORD_RAN)]);
     let out = Command::new(bin())
         .args(["check", "-r", &url])
         .current_dir(p.path())
@@ -274,12 +272,7 @@ fn a_user_denied_info_still_runs() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Redis unknown"));
     // And the worker runs jobs and stops cleanly (CLIENT UNBLOCK is denied too: the blocked
     // pops then end by their own 2 s timeout).
-    let mut w = Command::new(bin())
-        .args(["run", "-r", &url])
-        .current_dir(p.path())
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut w = Worker::builder_url(&url).jobs(p.path()).start();
     let enq = Command::new(bin())
         .args(["enqueue", "-r", &url, "OkJob"])
         .output()
@@ -288,8 +281,8 @@ fn a_user_denied_info_still_runs() {
     wait_until("job ran", Duration::from_secs(20), || {
         p.path().join("ran.log").exists()
     });
-    signal(w.id() as i32, "TERM");
-    assert!(w.wait().unwrap().success());
+    w.signal("TERM");
+    assert_eq!(w.wait(), Some(0));
 }
 
 #[test]
@@ -341,7 +334,11 @@ fn quiet_warnings_carry_the_job_context() {
     let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\n")]);
     for json in [false, true] {
         let fmt: &[&str] = if json { &["--log-format", "json"] } else { &[] };
-        let mut w = Worker::start_at(&redis.url(), p.path(), "run", fmt, &[("RUST_LOG", "warn")]);
+        let mut w = Worker::builder(&redis)
+            .jobs(p.path())
+            .args(fmt)
+            .env("RUST_LOG", "warn")
+            .start();
         // A class no manifest names: the job fails at its first poll.
         let out = Command::new(bin())
             .args(["enqueue", "-r", &redis.url(), "NoSuchJob"])
@@ -349,14 +346,7 @@ fn quiet_warnings_carry_the_job_context() {
             .unwrap();
         let jid = String::from_utf8(out.stdout).unwrap().trim().to_string();
         w.wait_for_line("fail: retry scheduled", Duration::from_secs(20));
-        let line = w
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|l| l.contains("fail: retry scheduled"))
-            .unwrap()
-            .clone();
+        let line = w.line_with("fail: retry scheduled").unwrap();
         if json {
             let v: serde_json::Value = serde_json::from_str(&line).unwrap();
             assert_eq!(v["pid"], w.pid(), "{line}");
@@ -370,7 +360,6 @@ fn quiet_warnings_carry_the_job_context() {
             );
             assert!(line.contains(&want), "{line}");
         }
-        w.signal("TERM");
-        assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+        w.stop(Duration::from_secs(10));
     }
 }

@@ -8,13 +8,6 @@ mod support;
 use std::time::Duration;
 use support::*;
 
-fn zcard(redis: &RedisServer, key: &str) -> i64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 /// `printf 'caf\351\n'` then more output: the command is not killed by SIGPIPE, the line is
 /// logged with a replacement character, and the job succeeds.
 #[test]
@@ -27,13 +20,13 @@ fn non_utf8_output_is_logged_lossily_and_the_command_runs_on() {
          i=0; while [ $i -lt 3000 ]; do echo \"line $i\"; i=$((i+1)); done\n\
          echo finished > finished.txt\n",
     )]);
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["Latin1Job"]);
     w.wait_for_line("line 2999", Duration::from_secs(20));
     wait_until("the job finished", Duration::from_secs(20), || {
-        w.saw("done elapsed_ms") || zcard(&redis, "retry") > 0
+        w.saw("done elapsed_ms") || redis.zcard("retry") > 0
     });
-    assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
+    assert_eq!(redis.zcard("retry"), 0, "{}", w.output());
     assert!(p.path().join("finished.txt").exists());
     assert!(w.saw("caf\u{FFFD}"), "{}", w.output());
     assert!(w.saw("err \u{FFFD}\u{FFFD}"), "{}", w.output());
@@ -49,19 +42,19 @@ fn an_overlong_line_is_cut() {
         "long",
         "#!/bin/sh\nhead -c 1048576 /dev/zero | tr '\\0' x\necho\necho short-after\n",
     )]);
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["LongLineJob"]);
     w.wait_for_line("short-after", Duration::from_secs(20));
     wait_until("the job finished", Duration::from_secs(20), || {
         w.saw("done elapsed_ms")
     });
-    let lines = w.lines.lock().unwrap().clone();
+    let lines = w.lines();
     let longest = lines.iter().map(String::len).max().unwrap();
     assert!(longest < 20_000, "a log line of {longest} bytes");
     assert!(lines
         .iter()
         .any(|l| l.contains("xxxx") && l.contains("[line cut")));
-    assert_eq!(zcard(&redis, "retry"), 0);
+    assert_eq!(redis.zcard("retry"), 0);
 }
 
 /// Kills the grandchildren a test's commands left behind (one pid a line), whatever the test's
@@ -88,23 +81,19 @@ fn a_grandchild_holding_the_pipes_does_not_keep_the_job_running() {
         "#!/bin/sh\nsetsid sleep 120 &\necho $! >> grandchild.pid\necho started\n",
     )]);
     let _gc = KillPidFile(p.path().join("grandchild.pid"));
-    let mut w = Worker::start(&redis, p.path(), &["-c", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
     enqueue(&redis, &["LeakyJob"]);
     w.wait_for_line("started", Duration::from_secs(20));
     // Well before the grandchild's 120 s: the job is done and the one slot runs the next job.
     w.wait_for_line("done elapsed_ms", Duration::from_secs(30));
     enqueue(&redis, &["LeakyJob"]);
     wait_until("the second job finished", Duration::from_secs(30), || {
-        w.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains("done elapsed_ms"))
-            .count()
-            == 2
+        w.count_lines("done elapsed_ms") == 2
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 /// A command gets exactly its manifest argv (argv[0] as written, no argument added or
@@ -124,7 +113,7 @@ fn a_command_gets_exactly_its_argv_and_environment() {
         "[[job]]\nclass = \"ArgsJob\"\nrun = [\"jobs/bin/args\", \"one\", \"two words\", \"\"]\n\
          [[job]]\nclass = \"BareJob\"\nrun = [\"sh\", \"-c\", \"echo \\\"$0 $#\\\" > bare.txt\", \"zero\"]\n",
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["ArgsJob"]);
     enqueue(&redis, &["BareJob"]);
     let read = |f: &str| std::fs::read_to_string(p.path().join(f)).unwrap_or_default();
@@ -141,7 +130,7 @@ fn a_command_gets_exactly_its_argv_and_environment() {
     );
     assert!(!jid.is_empty());
     assert_eq!(read("bare.txt"), "zero 0\n");
-    assert_eq!(zcard(&redis, "retry"), 0, "{}", w.output());
+    assert_eq!(redis.zcard("retry"), 0, "{}", w.output());
 }
 
 /// This test process's fds above stderr that a process it starts inherits (no close-on-exec).
@@ -181,17 +170,10 @@ fn a_command_starts_in_its_own_group_with_no_signal_blocked_and_only_its_stdio()
         "[[job]]\nclass = \"StateJob\"\n\
          run = [\"/bin/sh\", \"-c\", \"echo command-pid=$$ end; kill -STOP $$\"]\n",
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["StateJob"]);
     w.wait_for_line("command-pid=", Duration::from_secs(20));
-    let line = w
-        .lines
-        .lock()
-        .unwrap()
-        .iter()
-        .find(|l| l.contains("command-pid="))
-        .cloned()
-        .unwrap();
+    let line = w.line_with("command-pid=").unwrap();
     let pid: i32 = line
         .split("command-pid=")
         .nth(1)

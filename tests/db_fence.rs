@@ -5,16 +5,11 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(20);
-
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
 
 /// (fence, outcome, phase, error) of each ledger row of `key`, oldest first.
 fn ledger(pg: &PostgresServer, key: &str) -> Vec<(i64, String, String, String)> {
@@ -53,21 +48,15 @@ fn redis_exists(redis: &RedisServer, key: &str) -> bool {
 }
 
 fn worker(redis: &RedisServer, pg: &PostgresServer, p: &Project) -> Worker {
-    Worker::start_with_env(
-        redis,
-        p.path(),
-        &["-c", "2", "-t", "5"],
-        &[("DATABASE_URL", &pg.url())],
-    )
-}
-
-fn stop(w: &mut Worker) {
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(PATIENCE), Some(0), "{}", w.output());
+    Worker::builder(redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-t", "5"])
+        .env("DATABASE_URL", pg.url())
+        .start()
 }
 
 /// A phase that waits for the file `$1.go` (created by the test) after touching `$1.started`.
-const WAIT_FOR_GO: &str = "#!/bin/sh\n\
+const WAIT_FOR_ARGV1_GO: &str = "#!/bin/sh\n\
     touch \"$1.started\"\n\
     while [ ! -e \"$1.go\" ]; do sleep 0.02; done\n";
 
@@ -102,10 +91,10 @@ run = ["jobs/bin/record"]
     );
     let log = p.path().join("fences.log");
     let run_once = |redis: &RedisServer, class: &str| {
-        let before = read(&log).lines().count();
+        let before = read_or_empty(&log).lines().count();
         enqueue(redis, &[class, "7"]);
         wait_until("the cycle's fence line", PATIENCE, || {
-            read(&log).lines().count() > before
+            read_or_empty(&log).lines().count() > before
         });
     };
 
@@ -119,8 +108,8 @@ run = ["jobs/bin/record"]
     run_once(&redis, "DbFenced");
     run_once(&redis, "RedisFenced");
     run_once(&redis, "DbFenced");
-    stop(&mut w);
-    let first_db: i64 = read(&log)
+    w.stop(PATIENCE);
+    let first_db: i64 = read_or_empty(&log)
         .lines()
         .find_map(|l| l.strip_prefix("DbFenced "))
         .unwrap()
@@ -141,10 +130,10 @@ run = ["jobs/bin/record"]
         run_once(&redis, "RedisFenced");
         run_once(&redis, "DbFenced");
     }
-    stop(&mut w);
+    w.stop(PATIENCE);
 
     for class in ["RedisFenced", "DbFenced"] {
-        let fences: Vec<i64> = read(&log)
+        let fences: Vec<i64> = read_or_empty(&log)
             .lines()
             .filter_map(|l| l.strip_prefix(&format!("{class} ")))
             .map(|f| f.parse().unwrap())
@@ -215,8 +204,8 @@ run = ["jobs/bin/write-retention"]
     let writes = p.path().join("writes.log");
     let go = |f: &str| std::fs::write(p.path().join(f), "").unwrap();
     let write_line = |prefix: &str| {
-        wait_until(prefix, PATIENCE, || read(&writes).contains(prefix));
-        read(&writes)
+        wait_until(prefix, PATIENCE, || read_or_empty(&writes).contains(prefix));
+        read_or_empty(&writes)
             .lines()
             .find(|l| l.starts_with(prefix))
             .unwrap()
@@ -226,11 +215,17 @@ run = ["jobs/bin/write-retention"]
     let w1 = worker(&redis, &pg, &p);
     enqueue(&redis, &["RetentionJob", "30", "w1"]);
     wait_until("W1's phase to start", PATIENCE, || {
-        read(&p.path().join("w1.pid")).trim().parse::<i32>().is_ok()
+        read_or_empty(&p.path().join("w1.pid"))
+            .trim()
+            .parse::<i32>()
+            .is_ok()
     });
     let f1 = db_fence(&pg, "lock:retention");
     assert!(f1 > 32);
-    let w1_phase: i32 = read(&p.path().join("w1.pid")).trim().parse().unwrap();
+    let w1_phase: i32 = read_or_empty(&p.path().join("w1.pid"))
+        .trim()
+        .parse()
+        .unwrap();
     w1.signal("STOP");
     signal(w1_phase, "STOP");
     wait_until("W1's lease to run out in Redis", PATIENCE, || {
@@ -285,7 +280,7 @@ fn a_database_side_fence_bump_aborts_the_cycle_at_the_next_boundary() {
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
     let p = Project::new();
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
+    p.script("jobs/bin/wait", WAIT_FOR_ARGV1_GO);
     p.script("jobs/bin/after", "#!/bin/sh\ntouch after.ran\n");
     p.write(
         "jobs/app.toml",
@@ -339,7 +334,7 @@ fn a_killed_holders_row_becomes_uncertain_and_the_ledger_survives_losing_redis()
     let mut redis = RedisServer::start();
     let pg = PostgresServer::start();
     let p = Project::new();
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
+    p.script("jobs/bin/wait", WAIT_FOR_ARGV1_GO);
     p.script("jobs/bin/done", "#!/bin/sh\necho done >> done.log\n");
     p.write(
         "jobs/app.toml",
@@ -374,7 +369,7 @@ run = ["jobs/bin/done"]
         let rows = ledger(&pg, "lock:kill");
         rows.iter().any(|r| r.1 == "complete") && !rows.iter().any(|r| r.1 == "running")
     });
-    stop(&mut b);
+    b.stop(PATIENCE);
     let rows = ledger(&pg, "lock:kill");
     assert_eq!((rows[0].0, rows[0].1.as_str()), (fence_a, "uncertain"));
     assert!(rows[0].3.contains("no outcome recorded"), "{rows:?}");
@@ -452,10 +447,10 @@ run = ["jobs/bin/after"]
     pg.restart();
     enqueue(&redis, &["PgStopJob"]);
     wait_until("the next cycle's second phase", PATIENCE, || {
-        read(&p.path().join("after.log")).lines().count() == 1
+        read_or_empty(&p.path().join("after.log")).lines().count() == 1
     });
     w.wait_for_line("lock released (cycle complete)", PATIENCE);
-    stop(&mut w);
+    w.stop(PATIENCE);
     let rows = ledger(&pg, "lock:pgstop");
     let outcomes: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(outcomes, ["uncertain", "complete"], "{rows:?}");
@@ -508,11 +503,7 @@ run = ["jobs/bin/x"]
         .current_dir(p.path())
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(
         text.contains("PostgreSQL") && text.contains("postgres:***@"),

@@ -36,23 +36,18 @@ run = ["jobs/bin/record"]
     p
 }
 
-fn read(p: &Path) -> String {
-    std::fs::read_to_string(p).unwrap_or_default()
-}
-
 /// Start a worker on `url`, run one cycle of Marquee 7 and wait for its ledger row to be
 /// `complete`; the worker is returned still running.
 fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -> Worker {
-    let w = Worker::start_with_env(
-        redis,
-        p.path(),
-        &["-c", "2", "-t", "5"],
-        &[("DATABASE_URL", url)],
-    );
+    let w = Worker::builder(redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-t", "5"])
+        .env("DATABASE_URL", url)
+        .start();
     enqueue(redis, &["TlsFenced", "7"]);
     let log = p.path().join("fences.log");
     wait_until("the cycle's fence line", PATIENCE, || {
-        !read(&log).trim().is_empty()
+        !read_or_empty(&log).trim().is_empty()
     });
     wait_until("the ledger row to be complete", PATIENCE, || {
         pg.try_psql(
@@ -60,7 +55,7 @@ fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -
         )
         .is_ok_and(|o| o == "complete")
     });
-    let fence: i64 = read(&log).trim().parse().unwrap();
+    let fence: i64 = read_or_empty(&log).trim().parse().unwrap();
     assert_eq!(
         pg.psql("SELECT fence FROM playguard_fences WHERE lock_key = 'lock:tls:7'"),
         fence.to_string(),
@@ -69,14 +64,12 @@ fn one_cycle(redis: &RedisServer, pg: &PostgresServer, p: &Project, url: &str) -
     w
 }
 
-fn stop(w: &mut Worker) {
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(PATIENCE), Some(0), "{}", w.output());
-}
-
 /// `playguard run` that must stop at start: (exit code, its stderr line(s)).
 fn run_refused(redis: &RedisServer, p: &Project, url: &str) -> (Option<i32>, String) {
-    let mut w = Worker::start_with_env(redis, p.path(), &[], &[("DATABASE_URL", url)]);
+    let mut w = Worker::builder(redis)
+        .jobs(p.path())
+        .env("DATABASE_URL", url)
+        .start();
     let code = w.wait_exit(PATIENCE);
     let err: Vec<String> = w
         .output()
@@ -96,11 +89,7 @@ fn check(redis: &RedisServer, p: &Project, url: &str) -> (Option<i32>, String) {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     (out.status.code(), text)
 }
 
@@ -126,7 +115,7 @@ fn require_connects_over_tls_and_the_cycle_runs() {
         .map(|(a, b)| (a.parse::<i64>().unwrap(), b.parse::<i64>().unwrap()))
         .unwrap();
     assert!(tls >= 1 && plain == 0, "tls={tls} plain={plain}");
-    stop(&mut w);
+    w.stop(PATIENCE);
     assert!(!w.output().contains("not-shown-anywhere"), "{}", w.output());
 }
 
@@ -143,7 +132,7 @@ fn verify_full_with_the_servers_ca_connects() {
         &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
     );
     let mut w = one_cycle(&redis, &pg, &p, &url);
-    stop(&mut w);
+    w.stop(PATIENCE);
     let url = pg.url_with(
         "127.0.0.1",
         &format!("sslmode=verify-ca&sslrootcert={}", ca.display()),
@@ -209,7 +198,7 @@ fn disable_is_refused_by_a_tls_only_server_and_prefer_tries_tls() {
         "{line}"
     );
     let mut w = one_cycle(&redis, &pg, &p, &pg.url_with("127.0.0.1", "sslmode=prefer"));
-    stop(&mut w);
+    w.stop(PATIENCE);
 }
 
 /// `playguard check` with sslmode=require reaches the TLS-only server and says so.

@@ -195,7 +195,7 @@ fn a_real_worker_writes_both_versions_keys_for_the_jobs_it_ran() {
         .arg(unknown.to_string())
         .query(&mut redis.conn())
         .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     wait_until(
         "5 runs and the unknown class failed",
         Duration::from_secs(30),
@@ -206,13 +206,7 @@ fn a_real_worker_writes_both_versions_keys_for_the_jobs_it_ran() {
                 && w.saw("uninitialized constant NobodyJob")
         },
     );
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
     let end = Utc::now();
 
     let keys = dump(&redis);

@@ -62,37 +62,24 @@ fn identity_of(redis: &RedisServer, w: &Worker) -> String {
     found.unwrap()
 }
 
-fn llen(redis: &RedisServer, key: &str) -> usize {
-    redis::cmd("LLEN")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
-fn pid_alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            !s.rsplit(')')
-                .next()
-                .unwrap_or("")
-                .trim_start()
-                .starts_with('Z')
-        })
-        .unwrap_or(false)
-}
-
 #[test]
 fn frozen_worker_command_is_killed_before_its_job_runs_again() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("LongJob", "long", LONG)]);
-    let w1 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w1 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let id1 = identity_of(&redis, &w1);
     enqueue(&redis, &["LongJob"]);
     wait_until("the first copy started", Duration::from_secs(20), || {
         starts(&p).len() == 1
     });
     let first = starts(&p)[0].pid;
-    let w2 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     identity_of(&redis, &w2);
 
     // Frozen past the alive TTL: the second worker's sweep recovers the job.
@@ -135,16 +122,16 @@ fn frozen_worker_command_is_killed_before_its_job_runs_again() {
         "queue and both working lists empty",
         Duration::from_secs(30),
         || {
-            llen(&redis, "queue:default") == 0
+            redis.llen("queue:default") == 0
                 && redis::cmd("KEYS")
                     .arg("playguard:working:*")
                     .query::<Vec<String>>(&mut redis.conn())
                     .unwrap()
                     .iter()
-                    .all(|k| llen(&redis, k) == 0)
+                    .all(|k| redis.llen(k) == 0)
         },
     );
-    assert_eq!(llen(&redis, &working1), 0);
+    assert_eq!(redis.llen(&working1), 0);
     let retries: usize = redis::cmd("ZCARD")
         .arg("retry")
         .query(&mut redis.conn())
@@ -183,7 +170,10 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
     let p = Project::new();
     p.script("jobs/bin/long", LONG);
     p.write("jobs/app.toml", &reconcile_manifest(600));
-    let mut w1 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w1 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let id1 = identity_of(&redis, &w1);
     let jid = enqueue(&redis, &["PlayguardJob", "7"]);
     wait_until(
@@ -227,7 +217,10 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
     assert_eq!(v["ttl_ms"].as_i64(), Some(600_000));
     assert!(v["acquired_at"].as_i64().unwrap() > 1_600_000_000_000);
 
-    let w2 = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let id2 = identity_of(&redis, &w2);
     w1.kill9();
     // The lease has ~600 s left; the sweep must free it rather than wait for it.
@@ -270,7 +263,7 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
                 .arg(format!("playguard:locks:{id2}"))
                 .query(&mut c)
                 .unwrap();
-            held == 0 && llen(&redis, "queue:default") == 0
+            held == 0 && redis.llen("queue:default") == 0
         },
     );
     w2.signal("TERM");
@@ -282,7 +275,10 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
 fn worker_cut_off_from_redis_stops_its_job_and_hands_it_back() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("LongJob", "long", LONG)]);
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     identity_of(&redis, &w);
     enqueue(&redis, &["LongJob"]);
     wait_until("the job started", Duration::from_secs(20), || {
@@ -308,14 +304,13 @@ fn worker_cut_off_from_redis_stops_its_job_and_hands_it_back() {
         stamps(&p).iter().any(|s| s.kind == "stop")
     });
     wait_until("nothing left queued", Duration::from_secs(30), || {
-        llen(&redis, "queue:default") == 0
+        redis.llen("queue:default") == 0
     });
     let retries: usize = redis::cmd("ZCARD")
         .arg("retry")
         .query(&mut redis.conn())
         .unwrap();
     assert_eq!(retries, 0, "handed back, not retried");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     assert_eq!(starts(&p).len(), 2);
 }

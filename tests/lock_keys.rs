@@ -77,7 +77,7 @@ run = ["jobs/bin/phase"]
         r#"["a b"]"#,
         r#"["x}"]"#,
     ];
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     for (i, args) in bad.iter().enumerate() {
         let payload = format!(
             r#"{{"class":"PlayguardJob","args":{args},"queue":"default","jid":"bad{i}","retry":true,"created_at":1.5,"enqueued_at":1.5}}"#

@@ -7,13 +7,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use support::*;
 
-const BLOCK: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
 const OK: &str = "#!/bin/sh\nexit 0\n";
 const FAIL: &str = "#!/bin/sh\necho \"it broke\" >&2\nexit 1\n";
 
 fn project() -> Project {
     Project::with_jobs(&[
-        ("BlockJob", "block", BLOCK),
+        ("BlockJob", "block", BLOCK_UNTIL_RELEASE),
         ("OkJob", "ok", OK),
         ("FailJob", "fail", FAIL),
     ])
@@ -54,10 +53,9 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
     let p = project();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &[
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args([
             "-c",
             "1",
             "-q",
@@ -66,8 +64,8 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
             "default",
             "--metrics-addr",
             &addr,
-        ],
-    );
+        ])
+        .start();
     wait_until("/health answers 200", Duration::from_secs(20), || {
         http_get(port, "/health").map(|r| r.0) == Some(200)
     });
@@ -230,8 +228,7 @@ fn metrics_counters_match_the_jobs_run_and_health_follows_redis() {
         http_get(port, "/health").map(|r| r.0) == Some(200)
     });
 
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 /// Class names come from payloads: past 100 distinct ones the rest fold into `class="other"`,
@@ -242,7 +239,10 @@ fn class_labels_are_bounded() {
     let p = project();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _w = Worker::start(&redis, p.path(), &["--metrics-addr", &addr]);
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--metrics-addr", &addr])
+        .start();
     for i in 0..150 {
         push(
             &redis,
@@ -292,7 +292,10 @@ fn connections_are_bounded_and_slow_clients_dropped() {
     let p = project();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let _w = Worker::start(&redis, p.path(), &["--metrics-addr", &addr]);
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--metrics-addr", &addr])
+        .start();
     wait_until("the endpoint answers", Duration::from_secs(20), || {
         http_get(port, "/metrics").is_some()
     });

@@ -12,44 +12,17 @@ use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A phase that touches `<name>.started`, then waits for `<name>.go` (created by the test);
-/// `<name>` is the job's first argument.
-const WAIT: &str = "#!/bin/sh\n\
-    name=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[] \"' | cut -d, -f1)\n\
-    touch \"$name.started\"\n\
-    while [ ! -e \"$name.go\" ]; do sleep 0.02; done\n";
-
-/// Three phases, the middle one slow; fences from PostgreSQL.
-const MANIFEST: &str = r#"
-[[job]]
-class = "MarqueeCycle"
-lock = { key = "lock:c:{args.0}", ttl_secs = 30, label = "Marquee {args.0}", fence = "database" }
-[[job.phase]]
-name = "fetch"
-run = ["jobs/bin/noop"]
-[[job.phase]]
-name = "apply"
-run = ["jobs/bin/wait"]
-[[job.phase]]
-name = "publish"
-run = ["jobs/bin/noop"]
-"#;
-
+/// Three phases, the middle one slow (`<name>.go` lets it end); fences from PostgreSQL.
 fn project() -> Project {
-    let p = Project::new();
-    p.script("jobs/bin/noop", "#!/bin/sh\n");
-    p.script("jobs/bin/wait", WAIT);
-    p.write("jobs/app.toml", MANIFEST);
-    p
+    Project::go_gated_cycle("lock:c:")
 }
 
 fn worker(redis: &RedisServer, pg: &PostgresServer, p: &Project) -> Worker {
-    Worker::start_with_env(
-        redis,
-        p.path(),
-        &["-c", "3", "-t", "5"],
-        &[("DATABASE_URL", &pg.url())],
-    )
+    Worker::builder(redis)
+        .jobs(p.path())
+        .args(["-c", "3", "-t", "5"])
+        .env("DATABASE_URL", pg.url())
+        .start()
 }
 
 /// `playguard <args>` with exactly `env` (DATABASE_URL only when given): (exit, stdout, stderr).
@@ -84,10 +57,6 @@ fn locks(redis: &RedisServer, pg: Option<&PostgresServer>) -> Vec<Value> {
     let db = pg.map(|p| p.url());
     let env: Vec<(&str, &str)> = db.iter().map(|u| ("DATABASE_URL", u.as_str())).collect();
     json_of(&["locks", "-r", &url, "--json"], &env)
-}
-
-fn go(p: &Project, name: &str) {
-    p.write(&format!("{name}.go"), "");
 }
 
 fn started(p: &Project, name: &str) {
@@ -228,7 +197,7 @@ fn locks_lists_the_running_cycle_with_its_phase_and_fence_then_forgets_it() {
     assert_eq!(stale[0]["state"], "stale", "{stale:?}");
     assert!(stale[0]["left_ms"].is_null(), "{stale:?}");
 
-    go(&p, "7");
+    p.go("7");
     wait_until("the cycle ended as lock_lost", PATIENCE, || {
         ledger(&pg, "lock:c:7").iter().any(|r| r.1 == "lock_lost")
     });
@@ -255,15 +224,14 @@ fn locks_lists_the_running_cycle_with_its_phase_and_fence_then_forgets_it() {
         let l = locks(&redis, Some(&pg));
         l.len() == 1 && l[0]["state"] == "held"
     });
-    go(&p, "7");
+    p.go("7");
     wait_until("the cycle completed", PATIENCE, || {
         ledger(&pg, "lock:c:7").iter().any(|r| r.1 == "complete")
     });
     wait_until("no lock listed after completion", PATIENCE, || {
         locks(&redis, Some(&pg)).is_empty()
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(PATIENCE), Some(0), "{}", w.output());
+    w.stop(PATIENCE);
 }
 
 /// The ledger through `playguard cycles`: complete, lock_lost and uncertain rows with their
@@ -278,7 +246,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     let env = [("DATABASE_URL", db.as_str())];
 
     // complete: Marquee 1.
-    go(&p, "1");
+    p.go("1");
     let mut a = worker(&redis, &pg, &p);
     enqueue(&redis, &["MarqueeCycle", "1"]);
     wait_until("Marquee 1 complete", PATIENCE, || {
@@ -290,7 +258,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     enqueue(&redis, &["MarqueeCycle", "2"]);
     started(&p, "2");
     pg.psql("UPDATE playguard_fences SET fence = fence + 1 WHERE lock_key = 'lock:c:2'");
-    go(&p, "2");
+    p.go("2");
     wait_until("Marquee 2 lock_lost", PATIENCE, || {
         ledger(&pg, "lock:c:2").iter().any(|r| r.1 == "lock_lost")
     });
@@ -301,7 +269,7 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
     started(&p, "3");
     let jid3 = pg.psql("SELECT jid FROM playguard_cycles WHERE lock_key = 'lock:c:3'");
     a.kill9();
-    go(&p, "3");
+    p.go("3");
     let mut b = worker(&redis, &pg, &p);
     wait_until("Marquee 3: uncertain, then complete", PATIENCE, || {
         let r: Vec<String> = ledger(&pg, "lock:c:3").into_iter().map(|r| r.1).collect();
@@ -425,12 +393,11 @@ fn cycles_lists_the_ledger_with_outcomes_key_filter_and_limit() {
         (now[0]["jid"].as_str(), now[0]["outcome"].as_str()),
         (Some(jid.as_str()), Some("running"))
     );
-    go(&p, "1");
+    p.go("1");
     wait_until("the last cycle completed", PATIENCE, || {
         json_of(&["cycles", "--json", "--limit", "1"], &env)[0]["outcome"] == "complete"
     });
-    b.signal("TERM");
-    assert_eq!(b.wait_exit(PATIENCE), Some(0), "{}", b.output());
+    b.stop(PATIENCE);
 }
 
 /// Unreachable servers: exit 1 with one line naming the URL, its password hidden.

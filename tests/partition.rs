@@ -317,13 +317,14 @@ fn a_cut_off_host_stops_in_time_its_late_write_is_refused_and_it_starts_nothing_
     let url_a = format!("redis://{A_REDIS}:{REDIS_PORT}/0");
     let url_b = format!("redis://{B_REDIS}:{REDIS_PORT}/0");
     let start = |host: char, url: &str, redis_host: &str| {
-        let mut cmd = net.exec(host, &[bin(), "run", "-r", url, "-c", "3", "-t", "3"]);
-        cmd.current_dir(p.path())
+        Worker::builder_url(url)
+            .wrapped_in(["ip", "netns", "exec", &net.ns(host)])
+            .jobs(p.path())
+            .args(["-c", "3", "-t", "3"])
             .env("HOST_TAG", host.to_string())
             .env("REDIS_HOST", redis_host)
             .env("REDIS_PORT", REDIS_PORT)
-            .env("RUST_LOG", "info");
-        Worker::spawn(&mut cmd)
+            .start()
     };
     let enqueue_b = |args: &[&str]| {
         let out = net

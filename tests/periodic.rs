@@ -84,9 +84,7 @@ fn tick_logs(w: &Worker) -> Vec<(u64, usize)> {
         l.split_whitespace()
             .find_map(|t| t.strip_prefix(name).map(str::to_string))
     };
-    w.lines
-        .lock()
-        .unwrap()
+    w.lines()
         .iter()
         .filter(|l| l.contains("periodic tick") && l.contains("periodic=dispatch"))
         .filter_map(|l| {
@@ -116,7 +114,12 @@ fn three_processes_enqueue_each_member_once_per_tick() {
     let _: () = redis::cmd("SADD").arg(SET).arg(&old).query(&mut c).unwrap();
 
     let mut workers: Vec<Worker> = (0..3)
-        .map(|_| Worker::start(&redis, p.path(), &["-q", "default"]))
+        .map(|_| {
+            Worker::builder(&redis)
+                .jobs(p.path())
+                .args(["-q", "default"])
+                .start()
+        })
         .collect();
     wait_until(
         "three processes registered",
@@ -285,14 +288,16 @@ retry = 3
         .arg(&members)
         .query(&mut c)
         .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &["-q", "default"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "default"])
+        .start();
     wait_until(
         "both entries dispatched once",
         Duration::from_secs(20),
         || !queued(&redis, "marquees").is_empty() && !queued(&redis, "reports").is_empty(),
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 
     let out = ruby(
         &redis,
@@ -360,7 +365,12 @@ fn a_redis_outage_neither_loses_nor_doubles_a_claimed_tick() {
         .query(&mut c)
         .unwrap();
     let mut workers: Vec<Worker> = (0..2)
-        .map(|_| Worker::start(&redis, p.path(), &["-q", "default"]))
+        .map(|_| {
+            Worker::builder(&redis)
+                .jobs(p.path())
+                .args(["-q", "default"])
+                .start()
+        })
         .collect();
     wait_until("a first tick dispatched", Duration::from_secs(20), || {
         !fingerprints(&redis, "dispatch").is_empty()
@@ -383,8 +393,7 @@ fn a_redis_outage_neither_loses_nor_doubles_a_claimed_tick() {
         "an attempt failed during the outage"
     );
     for w in &mut workers {
-        w.signal("TERM");
-        assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+        w.stop(Duration::from_secs(20));
     }
 
     let mut by_tick: BTreeMap<u64, Vec<String>> = BTreeMap::new();

@@ -6,16 +6,6 @@ mod support;
 use std::time::Duration;
 use support::*;
 
-/// A phase script: logs start, sleeps `secs`, logs end.
-fn phase_script(secs: f64) -> String {
-    format!(
-        "#!/bin/sh\nm=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[]\"')\n\
-         echo \"start $m $PLAYGUARD_PHASE $PLAYGUARD_FENCE $$ $(date +%s.%N)\" >> ledger.log\n\
-         sleep {secs}\n\
-         echo \"end $m $PLAYGUARD_PHASE $PLAYGUARD_FENCE $$ $(date +%s.%N)\" >> ledger.log\n"
-    )
-}
-
 fn manifest(ttl: f64, phases: &[(&str, &str)]) -> String {
     let mut s = format!(
         "[[job]]\nclass = \"PlayguardJob\"\n\
@@ -28,71 +18,11 @@ fn manifest(ttl: f64, phases: &[(&str, &str)]) -> String {
     s
 }
 
-#[derive(Debug, Clone)]
-struct Entry {
-    kind: String,
-    marquee: String,
-    phase: String,
-    fence: i64,
-    pid: i32,
-    at: f64,
-}
-
-fn ledger(p: &Project) -> Vec<Entry> {
-    std::fs::read_to_string(p.path().join("ledger.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 6).then(|| Entry {
-                kind: f[0].into(),
-                marquee: f[1].into(),
-                phase: f[2].into(),
-                fence: f[3].parse().unwrap(),
-                pid: f[4].parse().unwrap(),
-                at: f[5].parse().unwrap(),
-            })
-        })
-        .collect()
-}
-
-/// (start, end, fence) of each phase run of `marquee`.
-fn intervals(entries: &[Entry], marquee: &str) -> Vec<(f64, f64, i64)> {
-    let mut out = Vec::new();
-    for s in entries
-        .iter()
-        .filter(|e| e.kind == "start" && e.marquee == marquee)
-    {
-        let end = entries
-            .iter()
-            .find(|e| e.kind == "end" && e.pid == s.pid)
-            .map(|e| e.at)
-            .unwrap_or(f64::INFINITY);
-        out.push((s.at, end, s.fence));
-    }
-    out.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
-    out
-}
-
-fn pid_alive(pid: i32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_default()
-            .contains(") Z ")
-}
-
-fn zcard(redis: &RedisServer, key: &str) -> i64 {
-    redis::cmd("ZCARD")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 #[test]
 fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parallel() {
     let redis = RedisServer::start();
     let p = Project::new();
-    p.script("jobs/bin/phase", &phase_script(0.4));
+    p.script("jobs/bin/phase", &phase_ledger_script(0.4));
     p.write(
         "jobs/app.toml",
         &manifest(
@@ -103,8 +33,14 @@ fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parall
             ],
         ),
     );
-    let w1 = Worker::start(&redis, p.path(), &["-c", "6"]);
-    let w2 = Worker::start(&redis, p.path(), &["-c", "6"]);
+    let w1 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "6"])
+        .start();
+    let w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "6"])
+        .start();
     w1.wait_for_line("playguard starting", Duration::from_secs(10));
     w2.wait_for_line("playguard starting", Duration::from_secs(10));
     for _ in 0..10 {
@@ -115,30 +51,23 @@ fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parall
     let skipped = || {
         [&w1, &w2]
             .iter()
-            .map(|w| {
-                w.lines
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .filter(|l| l.contains("Marquee 1 is already locked"))
-                    .count()
-            })
+            .map(|w| w.count_lines("Marquee 1 is already locked"))
             .sum::<usize>()
     };
-    let done_cycles = |e: &[Entry], m: &str| {
+    let done_cycles = |e: &[PhaseEntry], m: &str| {
         e.iter()
             .filter(|x| x.kind == "end" && x.marquee == m && x.phase == "pull_images")
             .count()
     };
     wait_until("all 12 jobs accounted for", Duration::from_secs(60), || {
-        let e = ledger(&p);
+        let e = phase_ledger(&p);
         done_cycles(&e, "1") + skipped() == 10
             && done_cycles(&e, "2") == 1
             && done_cycles(&e, "3") == 1
     });
-    let e = ledger(&p);
+    let e = phase_ledger(&p);
     for m in ["1", "2", "3"] {
-        let iv = intervals(&e, m);
+        let iv = phase_intervals(&e, m);
         for pair in iv.windows(2) {
             assert!(
                 pair[0].1 <= pair[1].0,
@@ -151,9 +80,9 @@ fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parall
         }
     }
     assert!(skipped() >= 1, "some jobs for Marquee 1 were skipped");
-    assert_eq!(zcard(&redis, "retry"), 0, "skips are not retried");
+    assert_eq!(redis.zcard("retry"), 0, "skips are not retried");
     // Marquees 2 and 3 were reconciled at the same time.
-    let (a, b) = (intervals(&e, "2"), intervals(&e, "3"));
+    let (a, b) = (phase_intervals(&e, "2"), phase_intervals(&e, "3"));
     let overlap = a.iter().any(|x| b.iter().any(|y| x.0 < y.1 && y.0 < x.1));
     assert!(overlap, "different Marquees ran in parallel: {a:?} {b:?}");
 }
@@ -162,7 +91,7 @@ fn two_workers_never_overlap_on_one_marquee_and_different_marquees_run_in_parall
 fn renewal_carries_a_cycle_longer_than_the_ttl() {
     let redis = RedisServer::start();
     let p = Project::new();
-    p.script("jobs/bin/phase", &phase_script(2.0));
+    p.script("jobs/bin/phase", &phase_ledger_script(2.0));
     p.write(
         "jobs/app.toml",
         &manifest(
@@ -175,12 +104,12 @@ fn renewal_carries_a_cycle_longer_than_the_ttl() {
             ],
         ),
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlayguardJob", "7"]);
     wait_until("cycle complete", Duration::from_secs(30), || {
         w.saw("lock released (cycle complete)")
     });
-    let e = ledger(&p);
+    let e = phase_ledger(&p);
     let ends: Vec<&str> = e
         .iter()
         .filter(|x| x.kind == "end")
@@ -204,7 +133,7 @@ fn a_hung_phase_is_killed_before_its_lease_can_expire() {
         "jobs/bin/hang",
         "#!/bin/sh\nsleep 60 &\necho $! > grandchild.pid\necho $$ > child.pid\nsleep 60\n",
     );
-    p.script("jobs/bin/phase", &phase_script(0.0));
+    p.script("jobs/bin/phase", &phase_ledger_script(0.0));
     p.write(
         "jobs/app.toml",
         &manifest(
@@ -212,7 +141,7 @@ fn a_hung_phase_is_killed_before_its_lease_can_expire() {
             &[("hang", "jobs/bin/hang"), ("after", "jobs/bin/phase")],
         ),
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlayguardJob", "9"]);
     let read_pid = |f: &str| {
         std::fs::read_to_string(p.path().join(f))
@@ -246,17 +175,17 @@ fn a_hung_phase_is_killed_before_its_lease_can_expire() {
         w.saw("aborted: lock lost")
     });
     assert!(
-        ledger(&p).iter().all(|e| e.phase != "after"),
+        phase_ledger(&p).iter().all(|e| e.phase != "after"),
         "no later phase started"
     );
-    assert_eq!(zcard(&redis, "retry"), 0);
+    assert_eq!(redis.zcard("retry"), 0);
 }
 
 #[test]
 fn redis_lost_during_a_phase_starts_no_further_phase_and_the_worker_survives() {
     let mut redis = RedisServer::start();
     let p = Project::new();
-    p.script("jobs/bin/phase", &phase_script(1.5));
+    p.script("jobs/bin/phase", &phase_ledger_script(1.5));
     p.script(
         "jobs/bin/mark",
         "#!/bin/sh\necho \"$PLAYGUARD_ARGS\" >> marks.log\n",
@@ -268,10 +197,10 @@ fn redis_lost_during_a_phase_starts_no_further_phase_and_the_worker_survives() {
             &[("first", "jobs/bin/phase"), ("second", "jobs/bin/phase")],
         ) + "[[job]]\nclass = \"MarkJob\"\nrun = [\"jobs/bin/mark\"]\n"),
     );
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlayguardJob", "5"]);
     wait_until("first phase running", Duration::from_secs(10), || {
-        ledger(&p).iter().any(|e| e.kind == "start")
+        phase_ledger(&p).iter().any(|e| e.kind == "start")
     });
     redis.stop();
     wait_until("cycle aborted", Duration::from_secs(20), || {
@@ -289,7 +218,7 @@ fn redis_lost_during_a_phase_starts_no_further_phase_and_the_worker_survives() {
         },
     );
     assert!(
-        ledger(&p).iter().all(|e| e.phase != "second"),
+        phase_ledger(&p).iter().all(|e| e.phase != "second"),
         "no further phase started"
     );
 }
@@ -299,16 +228,19 @@ fn paused_worker_loses_its_lease_and_leaves_the_new_owner_alone() {
     // Seed 004: worker A freezes past its lease, B acquires with a higher fence, A wakes.
     let redis = RedisServer::start();
     let p = Project::new();
-    p.script("jobs/bin/short", &phase_script(0.5));
-    p.script("jobs/bin/long", &phase_script(2.0));
+    p.script("jobs/bin/short", &phase_ledger_script(0.5));
+    p.script("jobs/bin/long", &phase_ledger_script(2.0));
     p.write(
         "jobs/app.toml",
         &manifest(3.0, &[("one", "jobs/bin/short"), ("two", "jobs/bin/long")]),
     );
-    let a = Worker::start(&redis, p.path(), &["-c", "1"]);
+    let a = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "4"]);
     wait_until("A in phase one", Duration::from_secs(10), || {
-        ledger(&p).iter().any(|e| e.kind == "start")
+        phase_ledger(&p).iter().any(|e| e.kind == "start")
     });
     a.signal("STOP");
     let mut c = redis.conn();
@@ -318,7 +250,10 @@ fn paused_worker_loses_its_lease_and_leaves_the_new_owner_alone() {
             .query::<bool>(&mut c)
             .unwrap()
     });
-    let b = Worker::start(&redis, p.path(), &["-c", "1"]);
+    let b = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "4"]);
     wait_until("B holds the lock", Duration::from_secs(10), || {
         b.saw("lock acquired")
@@ -347,7 +282,7 @@ fn paused_worker_loses_its_lease_and_leaves_the_new_owner_alone() {
     wait_until("B finished", Duration::from_secs(20), || {
         b.saw("lock released (cycle complete)")
     });
-    let e = ledger(&p);
+    let e = phase_ledger(&p);
     let a_fence = e.iter().map(|x| x.fence).min().unwrap();
     assert!(
         fence_b > a_fence,
@@ -369,8 +304,8 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
     }
     let redis = RedisServer::start();
     let p = Project::new();
-    p.script("jobs/bin/quick", &phase_script(0.0));
-    p.script("jobs/bin/slow", &phase_script(30.0));
+    p.script("jobs/bin/quick", &phase_ledger_script(0.0));
+    p.script("jobs/bin/slow", &phase_ledger_script(30.0));
     p.write(
         "jobs/app.toml",
         &manifest(
@@ -381,7 +316,10 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
             ],
         ),
     );
-    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "6"]);
     let mut seen = String::new();
     wait_until(
@@ -395,8 +333,7 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
             seen.trim() == "pull_images [6] default"
         },
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 /// The last phase's proof of ownership (folded into the release when there is no database):
@@ -406,18 +343,21 @@ fn the_running_phase_is_visible_to_sidekiqs_workers_api() {
 fn a_lock_lost_during_the_last_phase_is_lost_not_complete() {
     let redis = RedisServer::start();
     let p = Project::new();
-    p.script("jobs/bin/phase", &phase_script(1.0));
+    p.script("jobs/bin/phase", &phase_ledger_script(1.0));
     p.write(
         "jobs/app.toml",
         &manifest(30.0, &[("only", "jobs/bin/phase")]),
     );
-    let w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let mut c = redis.conn();
     for (marquee, takeover) in [("8", true), ("9", false)] {
         enqueue(&redis, &["PlayguardJob", marquee]);
         let key = format!("playguard:marquee:{marquee}");
         wait_until("the phase is running", Duration::from_secs(10), || {
-            ledger(&p)
+            phase_ledger(&p)
                 .iter()
                 .any(|e| e.kind == "start" && e.marquee == marquee)
         });
@@ -431,7 +371,7 @@ fn a_lock_lost_during_the_last_phase_is_lost_not_complete() {
             let _: () = redis::cmd("DEL").arg(&key).query(&mut c).unwrap();
         }
         wait_until("the phase ended", Duration::from_secs(10), || {
-            ledger(&p)
+            phase_ledger(&p)
                 .iter()
                 .any(|e| e.kind == "end" && e.marquee == marquee)
         });
@@ -461,5 +401,5 @@ fn a_lock_lost_during_the_last_phase_is_lost_not_complete() {
         let n: i64 = redis::cmd("HLEN").arg(&r).query(&mut c).unwrap();
         assert_eq!(n, 0, "holder records dropped from {r}");
     }
-    assert_eq!(zcard(&redis, "retry"), 0);
+    assert_eq!(redis.zcard("retry"), 0);
 }

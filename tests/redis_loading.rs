@@ -64,7 +64,7 @@ fn a_worker_started_while_redis_loads_waits_and_then_runs_jobs() {
         "loaded",
         "#!/bin/sh\necho ran > \"$PLAYGUARD_JID.ran\"\n",
     )]);
-    let mut w = Worker::start_at(&url, p.path(), "run", &[], &[]);
+    let mut w = Worker::builder_url(&url).jobs(p.path()).start();
     wait_until("the worker says it waits", Duration::from_secs(10), || {
         w.saw("loading its dataset; waiting")
     });

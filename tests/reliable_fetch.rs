@@ -27,28 +27,9 @@ fn payload(class: &str, args: Value) -> (String, String) {
 /// LPUSH jobs onto queue:default, as `push_bulk` does; returns (jid, payload) in push order.
 fn push(redis: &RedisServer, class: &str, n: usize) -> Vec<(String, String)> {
     let jobs: Vec<(String, String)> = (0..n).map(|i| payload(class, json!([i]))).collect();
-    let mut c = redis.conn();
     let raws: Vec<&String> = jobs.iter().map(|(_, p)| p).collect();
-    let _: () = redis::pipe()
-        .cmd("SADD")
-        .arg("queues")
-        .arg("default")
-        .ignore()
-        .cmd("LPUSH")
-        .arg("queue:default")
-        .arg(raws)
-        .ignore()
-        .query(&mut c)
-        .unwrap();
+    push_to_default(redis, raws);
     jobs
-}
-
-fn lines(p: &Project, file: &str) -> Vec<String> {
-    std::fs::read_to_string(p.path().join(file))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// Total length of every playguard working list.
@@ -61,13 +42,6 @@ fn in_working_lists(redis: &RedisServer) -> usize {
     keys.iter()
         .map(|k| redis::cmd("LLEN").arg(k).query::<usize>(&mut c).unwrap())
         .sum()
-}
-
-fn llen(redis: &RedisServer, key: &str) -> usize {
-    redis::cmd("LLEN")
-        .arg(key)
-        .query(&mut redis.conn())
-        .unwrap()
 }
 
 #[test]
@@ -85,17 +59,20 @@ fn sigkill_three_times_loses_no_job() {
     );
     let jobs = push(&redis, "WorkJob", 300);
     let all: HashSet<String> = jobs.iter().map(|(j, _)| j.clone()).collect();
-    let done = |p: &Project| -> HashSet<String> { lines(p, "ledger.txt").into_iter().collect() };
+    let done = |p: &Project| -> HashSet<String> { p.lines("ledger.txt").into_iter().collect() };
 
     let mut rng = rand::rng();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "5"])
+        .start();
     // Kill at random points of progress, each a little later than the last.
     for round in 0..3 {
         let target = rng.random_range(round * 60 + 10..round * 60 + 70);
         wait_until(
             &format!("{target} jobs finished before kill {}", round + 1),
             Duration::from_secs(60),
-            || lines(&p, "ledger.txt").len() >= target,
+            || p.lines("ledger.txt").len() >= target,
         );
         // Land anywhere inside a job, not just on a boundary.
         std::thread::sleep(Duration::from_millis(rng.random_range(0..25)));
@@ -104,9 +81,12 @@ fn sigkill_three_times_loses_no_job() {
         eprintln!(
             "kill {}: after {} finished runs, {in_flight} job(s) in working lists",
             round + 1,
-            lines(&p, "ledger.txt").len()
+            p.lines("ledger.txt").len()
         );
-        w = Worker::start(&redis, p.path(), &["-c", "5"]);
+        w = Worker::builder(&redis)
+            .jobs(p.path())
+            .args(["-c", "5"])
+            .start();
     }
     wait_until(
         "every jid ran at least once",
@@ -116,9 +96,9 @@ fn sigkill_three_times_loses_no_job() {
     wait_until(
         "queue and working lists empty",
         Duration::from_secs(30),
-        || llen(&redis, "queue:default") == 0 && in_working_lists(&redis) == 0,
+        || redis.llen("queue:default") == 0 && in_working_lists(&redis) == 0,
     );
-    let runs = lines(&p, "ledger.txt");
+    let runs = p.lines("ledger.txt");
     let mut counts: HashMap<&str, usize> = HashMap::new();
     for j in &runs {
         *counts.entry(j.as_str()).or_default() += 1;
@@ -132,8 +112,7 @@ fn sigkill_three_times_loses_no_job() {
         runs.len() - counts.len()
     );
     assert!(counts.keys().all(|j| all.contains(*j)), "only our jids ran");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 #[test]
@@ -154,7 +133,10 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     let jobs = push(&redis, "KillerJob", 1);
     let jid = jobs[0].0.clone();
     let mut started: Vec<i32> = Vec::new();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     started.push(w.pid());
     let dead = |redis: &RedisServer| -> Vec<String> {
         redis::cmd("ZRANGE")
@@ -174,13 +156,17 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
                     "worker exited by itself: {status}\n{}",
                     w.output()
                 );
-                w = Worker::start(&redis, p.path(), &["-c", "2"]);
+                w = Worker::builder(&redis)
+                    .jobs(p.path())
+                    .args(["-c", "2"])
+                    .start();
                 started.push(w.pid());
             }
             !dead(&redis).is_empty()
         },
     );
-    let ppids: Vec<i32> = lines(&p, "ppids.txt")
+    let ppids: Vec<i32> = p
+        .lines("ppids.txt")
         .iter()
         .map(|l| l.parse().unwrap())
         .collect();
@@ -198,10 +184,9 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     let msg = entry["error_message"].as_str().unwrap();
     assert!(msg.contains("recovered 3 times"), "{msg}");
     eprintln!("dead entry: {msg}");
-    assert_eq!(llen(&redis, "queue:default"), 0);
+    assert_eq!(redis.llen("queue:default"), 0);
     assert_eq!(in_working_lists(&redis), 0);
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 #[test]
@@ -216,20 +201,17 @@ fn sigterm_puts_the_running_job_back_once() {
         "jobs/app.toml",
         "[[job]]\nclass = \"SlowJob\"\nrun = [\"jobs/bin/slow\"]\n",
     );
-    let mut w = Worker::start(&redis, p.path(), &["-c", "3", "-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "3", "-t", "1"])
+        .start();
     let jobs = push(&redis, "SlowJob", 1);
     wait_until("the job started", Duration::from_secs(30), || {
-        !lines(&p, "started.txt").is_empty()
+        !p.lines("started.txt").is_empty()
     });
     assert_eq!(in_working_lists(&redis), 1, "held in the working list");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
-    let queued: Vec<String> = redis::cmd("LRANGE")
-        .arg("queue:default")
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.conn())
-        .unwrap();
+    w.stop(Duration::from_secs(30));
+    let queued = redis.lrange("queue:default");
     assert_eq!(queued, vec![jobs[0].1.clone()], "back once, byte for byte");
     assert_eq!(in_working_lists(&redis), 0, "working list empty");
 }
@@ -277,7 +259,10 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
             .spawn()
             .expect("start the sidekiq CLI"),
     );
-    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "5"])
+        .start();
     // Both are fetching once both are registered (the Ruby heartbeat runs after boot).
     wait_until("both processes registered", Duration::from_secs(60), || {
         redis::cmd("SCARD")
@@ -295,7 +280,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     let runs = |p: &Project| -> Vec<(String, String)> {
         let mut v = Vec::new();
         for f in ["ruby.txt", "pg.txt"] {
-            for l in lines(p, f) {
+            for l in p.lines(f) {
                 let (who, jid) = l.split_once(' ').unwrap();
                 v.push((who.to_string(), jid.to_string()));
             }
@@ -308,7 +293,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     wait_until(
         "queue and working lists empty",
         Duration::from_secs(30),
-        || llen(&redis, "queue:default") == 0 && in_working_lists(&redis) == 0,
+        || redis.llen("queue:default") == 0 && in_working_lists(&redis) == 0,
     );
     let all = runs(&p);
     let by_ruby = all.iter().filter(|(w, _)| w == "ruby").count();
@@ -321,8 +306,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     assert_eq!(jids.len(), 400);
     assert!(jids.iter().all(|j| sent.contains(*j)));
     assert!(by_ruby > 0 && by_ruby < 400, "both processes took work");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     signal(ruby_proc.0.id() as i32, "TERM");
     wait_until("ruby sidekiq exited", Duration::from_secs(40), || {
         ruby_proc.0.try_wait().unwrap().is_some()
@@ -345,7 +329,10 @@ fn basic_fetch_is_plain_brpop() {
         .arg("RESETSTAT")
         .query(&mut redis.conn())
         .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "3", "--fetch", "basic"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "3", "--fetch", "basic"])
+        .start();
     // Idle first, so it waits in BRPOP (busy queues are popped in batches with RPOP <count>).
     wait_until(
         "the idle worker waits in BRPOP",
@@ -360,7 +347,7 @@ fn basic_fetch_is_plain_brpop() {
     );
     push(&redis, "RecJob", 20);
     wait_until("20 jobs ran", Duration::from_secs(30), || {
-        lines(&p, "ledger.txt").len() >= 20
+        p.lines("ledger.txt").len() >= 20
     });
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -370,9 +357,8 @@ fn basic_fetch_is_plain_brpop() {
     assert!(!stats.contains("cmdstat_blmove:"), "{stats}");
     assert!(!stats.contains("cmdstat_lrem:"), "no acks: {stats}");
     assert_eq!(in_working_lists(&redis), 0);
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
-    assert_eq!(lines(&p, "ledger.txt").len(), 20);
+    w.stop(Duration::from_secs(30));
+    assert_eq!(p.lines("ledger.txt").len(), 20);
 }
 
 fn calls(redis: &RedisServer, cmd: &str) -> u64 {
@@ -444,50 +430,46 @@ fn fetch_script_moves_a_batch_with_one_lpush_per_queue() {
     assert_eq!(working(&mut c, "w:b"), ["b0"]);
 }
 
+/// Appends its job's queue to `ledger.txt`.
+const RECORD_QUEUE: &str = "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n";
+
+/// LPUSH `n` RecJob payloads for queue `q` onto `queue:<q>` in one call.
+fn push_rec_jobs(redis: &RedisServer, q: &str, n: usize) {
+    let raws: Vec<String> = (0..n)
+        .map(|i| {
+            let (_, p) = payload("RecJob", json!([i]));
+            p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""))
+        })
+        .collect();
+    let _: () = redis::cmd("LPUSH")
+        .arg(format!("queue:{q}"))
+        .arg(raws)
+        .query(&mut redis.conn())
+        .unwrap();
+}
+
 /// Basic fetch pops batches with RPOP <count> while the queues are busy, in strict queue order:
 /// queue `b` is touched only once `a` is empty.
 #[test]
 fn basic_fetch_pops_batches_in_strict_order() {
     let redis = RedisServer::start();
-    let p = Project::new();
-    p.script(
-        "jobs/bin/rec",
-        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
-    );
-    let mut c = redis.conn();
+    let p = Project::with_jobs(&[("RecJob", "rec", RECORD_QUEUE)]);
     for q in ["b", "a"] {
-        let raws: Vec<String> = (0..30)
-            .map(|i| {
-                let (_, mut p) = payload("RecJob", json!([i]));
-                p = p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""));
-                p
-            })
-            .collect();
-        let _: () = redis::cmd("LPUSH")
-            .arg(format!("queue:{q}"))
-            .arg(raws)
-            .query(&mut c)
-            .unwrap();
+        push_rec_jobs(&redis, q, 30);
     }
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"],
-    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "3", "--fetch", "basic", "-q", "a", "-q", "b"])
+        .start();
     wait_until("60 jobs ran", Duration::from_secs(60), || {
-        lines(&p, "ledger.txt").len() >= 60
+        p.lines("ledger.txt").len() >= 60
     });
-    let ledger = lines(&p, "ledger.txt");
+    let ledger = p.lines("ledger.txt");
     // Slots start jobs as they free up, so only the last batch of `a` may finish among `b`'s.
     assert!(ledger[..27].iter().all(|q| q == "a"), "{ledger:?}");
     assert_eq!(ledger.iter().filter(|q| *q == "b").count(), 30);
     assert!(calls(&redis, "rpop") > 0, "batched pops");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }
 
 /// Reliable fetch looks at its queues a few at a time (so a batch the first queues can fill does
@@ -496,28 +478,9 @@ fn basic_fetch_pops_batches_in_strict_order() {
 #[test]
 fn reliable_fetch_keeps_strict_order_over_many_queues() {
     let redis = RedisServer::start();
-    let p = Project::new();
-    p.script(
-        "jobs/bin/rec",
-        "#!/bin/sh\necho \"$PLAYGUARD_QUEUE\" >> ledger.txt\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        "[[job]]\nclass = \"RecJob\"\nrun = [\"jobs/bin/rec\"]\n",
-    );
-    let mut c = redis.conn();
+    let p = Project::with_jobs(&[("RecJob", "rec", RECORD_QUEUE)]);
     for q in ["q11", "q1"] {
-        let raws: Vec<String> = (0..20)
-            .map(|i| {
-                let (_, p) = payload("RecJob", json!([i]));
-                p.replace("\"queue\":\"default\"", &format!("\"queue\":\"{q}\""))
-            })
-            .collect();
-        let _: () = redis::cmd("LPUSH")
-            .arg(format!("queue:{q}"))
-            .arg(raws)
-            .query(&mut c)
-            .unwrap();
+        push_rec_jobs(&redis, q, 20);
     }
     let mut args = vec!["-c".to_string(), "3".to_string()];
     for i in 0..12 {
@@ -525,16 +488,15 @@ fn reliable_fetch_keeps_strict_order_over_many_queues() {
         args.push(format!("q{i}"));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut w = Worker::start(&redis, p.path(), &args);
+    let mut w = Worker::builder(&redis).jobs(p.path()).args(&args).start();
     wait_until("40 jobs ran", Duration::from_secs(60), || {
-        lines(&p, "ledger.txt").len() >= 40
+        p.lines("ledger.txt").len() >= 40
     });
-    let ledger = lines(&p, "ledger.txt");
+    let ledger = p.lines("ledger.txt");
     assert!(ledger[..17].iter().all(|q| q == "q1"), "{ledger:?}");
     assert_eq!(ledger.iter().filter(|q| *q == "q11").count(), 20);
     wait_until("every job acked", Duration::from_secs(30), || {
         in_working_lists(&redis) == 0
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
 }

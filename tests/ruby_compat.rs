@@ -65,7 +65,10 @@ puts JSON.generate(out)
     );
     let sent: HashMap<String, Value> = serde_json::from_str(sent.trim()).unwrap();
     assert_eq!(sent.len(), 1003);
-    let mut w = Worker::start(&redis, p.path(), &["-c", "10", "--poll-interval", "0.5"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "10", "--poll-interval", "0.5"])
+        .start();
     wait_until("all 1003 jobs ran", Duration::from_secs(90), || {
         ledger(&p).len() >= 1003
     });
@@ -96,8 +99,7 @@ puts JSON.generate(out)
     wait_until("Stats.processed == 1003", Duration::from_secs(20), || {
         ruby(&redis, "puts Sidekiq::Stats.new.processed").trim() == "1003"
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 #[test]
@@ -117,7 +119,7 @@ Sidekiq::Client.push("class" => "FailJob", "args" => ["gone"], "retry" => false)
 Sidekiq::Client.push("class" => "NoSuchJob", "args" => [1])
 "#,
     );
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     wait_until("retry and dead entries", Duration::from_secs(30), || {
         ruby(
             &redis,
@@ -183,8 +185,7 @@ puts JSON.generate({
                 == "[4, 4]"
         },
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
@@ -207,11 +208,10 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
         .arg(b"\xfe sched")
         .query(&mut c)
         .unwrap();
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &["--fetch", fetch, "--poll-interval", "0.2"],
-    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--fetch", fetch, "--poll-interval", "0.2"])
+        .start();
     let out = std::process::Command::new(bin())
         .args([
             "enqueue",
@@ -260,8 +260,7 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
                 == 0
         },
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }
 
 #[test]
@@ -279,7 +278,7 @@ fn bad_manifest_stops_startup_naming_file_and_entry() {
     let redis = RedisServer::start();
     let p = Project::new();
     p.write("jobs/broken.toml", "[[job]]\nclass = \"Half\"\n");
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     assert_ne!(w.wait_exit(Duration::from_secs(10)), Some(0));
     let out = w.output();
     assert!(out.contains("broken.toml") && out.contains("Half"), "{out}");
@@ -321,7 +320,7 @@ fn dead_set_is_trimmed_as_sidekiq_trims_it() {
         .arg(stray)
         .query(&mut c)
         .unwrap();
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     wait_until(
         "the fresh failure reached dead",
         Duration::from_secs(20),
@@ -356,6 +355,5 @@ fn dead_set_is_trimmed_as_sidekiq_trims_it() {
         retries, 0,
         "the stray unknown-class job without `retry` was dropped"
     );
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
 }

@@ -17,13 +17,6 @@ fn zrange(redis: &RedisServer, key: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn lrange(redis: &RedisServer, key: &str) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg(&[key, "0", "-1"])
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 fn set(redis: &RedisServer, key: &str, value: &str) {
     let _: () = redis::cmd("SET")
         .arg(&[key, value])
@@ -43,7 +36,7 @@ fn job(class: &str, queue: &str, jid: &str) -> String {
 fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
     let redis = RedisServer::start();
     set(&redis, "queue:bad", "not a list");
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("OkJob", "ok", RECORD_RAN)]);
     let mut c = redis.conn();
     let bad = job("OkJob", "bad", "badjid");
     let good = job("OkJob", "default", "goodjid");
@@ -55,7 +48,10 @@ fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
         .arg(&good)
         .query(&mut c)
         .unwrap();
-    let w = Worker::start(&redis, p.path(), &["--poll-interval", "0.2"]);
+    let w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--poll-interval", "0.2"])
+        .start();
     wait_until("the good job ran", Duration::from_secs(20), || {
         p.path().join("ran.log").exists()
     });
@@ -80,7 +76,7 @@ fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
 #[test]
 fn one_failing_identity_does_not_stop_the_orphan_sweep() {
     let redis = RedisServer::start();
-    let p = Project::with_jobs(&[("OkJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("OkJob", "ok", RECORD_RAN)]);
     let mut c = redis.conn();
     let entry = |q: &str| format!(r#"{{"queues":["{q}"],"ns":""}}"#);
     // Inserted first, so the sweep meets it first (a small hash keeps insertion order).
@@ -107,7 +103,7 @@ fn one_failing_identity_does_not_stop_the_orphan_sweep() {
         .arg(job("OkJob", "default", "orphanjid"))
         .query(&mut c)
         .unwrap();
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     wait_until(
         "the ordinary orphan was recovered and ran",
         Duration::from_secs(30),
@@ -118,10 +114,7 @@ fn one_failing_identity_does_not_stop_the_orphan_sweep() {
         Duration::from_secs(20),
         || w.saw("gone-a:1:x") && w.saw("queue:wq"),
     );
-    assert_eq!(
-        lrange(&redis, "playguard:working:gone-b:2:x:wq"),
-        vec![stuck]
-    );
+    assert_eq!(redis.lrange("playguard:working:gone-b:2:x:wq"), vec![stuck]);
     let left: Vec<String> = redis::cmd("HKEYS")
         .arg("playguard:fetchers")
         .query(&mut c)
@@ -143,7 +136,10 @@ fn requeue_and_drain_keep_the_job_when_the_queue_key_has_the_wrong_type() {
         "slow",
         "#!/bin/sh\necho started > started.txt\nexec sleep 30\n",
     )]);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "1"])
+        .start();
     let payload = job("SlowJob", "default", "slowjid");
     let _: () = redis::cmd("LPUSH")
         .arg("queue:default")
@@ -160,7 +156,7 @@ fn requeue_and_drain_keep_the_job_when_the_queue_key_has_the_wrong_type() {
         .arg("playguard:working:*")
         .query(&mut redis.conn())
         .unwrap();
-    let kept: Vec<String> = working.iter().flat_map(|k| lrange(&redis, k)).collect();
+    let kept: Vec<String> = working.iter().flat_map(|k| redis.lrange(k)).collect();
     assert_eq!(kept, vec![payload], "{}", w.output());
     assert!(w.saw("queue:default"), "{}", w.output());
 }
@@ -172,7 +168,7 @@ fn a_failed_outcome_write_is_retried_until_it_lands() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("BadJob", "bad", "#!/bin/sh\necho boom >&2\nexit 1\n")]);
     set(&redis, "retry", "not a zset");
-    let w = Worker::start(&redis, p.path(), &[]);
+    let w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["BadJob"]);
     w.wait_for_line("could not record", Duration::from_secs(20));
     let _: () = redis::cmd("DEL")
@@ -188,5 +184,5 @@ fn a_failed_outcome_write_is_retried_until_it_lands() {
         .arg("playguard:working:*")
         .query(&mut redis.conn())
         .unwrap();
-    assert!(working.iter().all(|k| lrange(&redis, k).is_empty()));
+    assert!(working.iter().all(|k| redis.lrange(k).is_empty()));
 }

@@ -20,14 +20,6 @@ fn passworded(redis: &RedisServer) -> String {
     format!("redis://:{SECRET}@127.0.0.1:{}/0", redis.port)
 }
 
-fn text(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// `--help` of every subcommand, `check` and `enqueue` (reachable or not) never print it.
 #[test]
 fn help_check_and_enqueue_never_print_the_password() {
@@ -40,7 +32,7 @@ fn help_check_and_enqueue_never_print_the_password() {
             .env("DATABASE_URL", format!("postgres://u:{SECRET}@db/app"))
             .output()
             .unwrap();
-        let t = text(&out);
+        let t = output_text(&out);
         assert!(out.status.success(), "{t}");
         assert!(
             !t.contains(SECRET),
@@ -60,7 +52,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         )
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(
         !out.status.success() && t.contains("cannot reach PostgreSQL at postgres://u:***@"),
         "{t}"
@@ -74,7 +66,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(
         !out.status.success() && t.contains("cannot reach Redis at redis://app:***@"),
         "{t}"
@@ -84,7 +76,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         .args(["enqueue", "-r", &unreachable, "AJob"])
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(!out.status.success() && !t.contains(SECRET), "{t}");
 
     let redis = RedisServer::start();
@@ -95,7 +87,7 @@ fn help_check_and_enqueue_never_print_the_password() {
         .env_remove("DATABASE_URL")
         .output()
         .unwrap();
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("ok:") && !t.contains(SECRET), "{t}");
 }
@@ -109,24 +101,23 @@ fn worker_logs_never_print_the_password() {
         ("OkJob", "ok", "#!/bin/sh\necho ran\n"),
         ("BadJob", "bad", "#!/bin/sh\necho boom >&2; exit 3\n"),
     ]);
-    let mut w = Worker::start_at(&url, p.path(), "run", &[], &[]);
+    let mut w = Worker::builder_url(&url).jobs(p.path()).start();
     w.wait_for_line("playguard starting", Duration::from_secs(20));
     for class in ["OkJob", "BadJob"] {
         let out = Command::new(bin())
             .args(["enqueue", "-r", &url, class])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", output_text(&out));
     }
     w.wait_for_line("fail: retry scheduled", Duration::from_secs(20));
     w.wait_for_line("done", Duration::from_secs(20));
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     assert!(!w.output().contains(SECRET), "{}", w.output());
 
     // Wrong password: a failed start names the URL, not the password.
     let wrong = format!("redis://:{SECRET}x@127.0.0.1:{}/0", redis.port);
-    let mut w = Worker::start_at(&wrong, p.path(), "run", &[], &[]);
+    let mut w = Worker::builder_url(&wrong).jobs(p.path()).start();
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(1));
     assert!(w.output().contains(":***@"), "{}", w.output());
     assert!(!w.output().contains(SECRET), "{}", w.output());
@@ -155,16 +146,11 @@ class = "Wide"
 run = ["jobs/bin/show-env"]
 "#,
     );
-    let _w = Worker::start_at(
-        &redis.url(),
-        p.path(),
-        "run",
-        &[],
-        &[
-            ("APP_API_TOKEN", "not-for-narrow-jobs"),
-            ("HOME", "/home/x"),
-        ],
-    );
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("APP_API_TOKEN", "not-for-narrow-jobs")
+        .env("HOME", "/home/x")
+        .start();
     for class in ["Narrow", "Wide"] {
         enqueue(&redis, &[class]);
     }

@@ -122,18 +122,11 @@ fn slow_script() -> &'static str {
     "#!/bin/sh\necho \"slow $$ $(date +%s.%N)\" >> ran.log\nsleep 6\necho \"slow-end $$ $(date +%s.%N)\" >> ran.log\n"
 }
 
-fn phase_script() -> &'static str {
-    "#!/bin/sh\nm=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[]\"')\n\
-     echo \"start $m $PLAYGUARD_PHASE $PLAYGUARD_FENCE $$ $(date +%s.%N)\" >> ledger.log\n\
-     sleep 0.8\n\
-     echo \"end $m $PLAYGUARD_PHASE $PLAYGUARD_FENCE $$ $(date +%s.%N)\" >> ledger.log\n"
-}
-
 fn project() -> Project {
     let p = Project::new();
     p.script("jobs/bin/note", note_script());
     p.script("jobs/bin/slow", slow_script());
-    p.script("jobs/bin/phase", phase_script());
+    p.script("jobs/bin/phase", &phase_ledger_script(0.8));
     p.write(
         "jobs/app.toml",
         "[[job]]\nclass = \"Note\"\nrun = [\"jobs/bin/note\"]\n\
@@ -166,29 +159,6 @@ fn ran(p: &Project) -> Vec<(String, i32, f64)> {
         .collect()
 }
 
-/// (kind, marquee, phase, fence, pid, epoch) per line of ledger.log.
-type Entry = (String, String, String, i64, i32, f64);
-
-fn ledger(p: &Project) -> Vec<Entry> {
-    std::fs::read_to_string(p.path().join("ledger.log"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() == 6).then(|| {
-                (
-                    f[0].into(),
-                    f[1].into(),
-                    f[2].into(),
-                    f[3].parse().unwrap(),
-                    f[4].parse().unwrap(),
-                    f[5].parse().unwrap(),
-                )
-            })
-        })
-        .collect()
-}
-
 /// A Sidekiq payload pushed straight onto `queue:default` of `server`.
 fn push_direct(server: &RedisServer, class: &str, arg: &str) {
     let jid = format!("{:024x}", rand_u128());
@@ -200,18 +170,7 @@ fn push_direct(server: &RedisServer, class: &str, arg: &str) {
         "{{\"retry\":true,\"queue\":\"default\",\"class\":\"{class}\",\"args\":[\"{arg}\"],\"jid\":\"{}\",\"created_at\":{now},\"enqueued_at\":{now}}}",
         &jid[..24]
     );
-    let mut c = server.conn();
-    redis::pipe()
-        .cmd("SADD")
-        .arg("queues")
-        .arg("default")
-        .ignore()
-        .cmd("LPUSH")
-        .arg("queue:default")
-        .arg(payload)
-        .ignore()
-        .query::<()>(&mut c)
-        .unwrap();
+    push_to_default(server, payload);
 }
 
 fn rand_u128() -> u128 {
@@ -232,7 +191,10 @@ fn failover(kill_primary: bool) {
     let p = project();
 
     // w3 takes the slow job, and will die with it in its working list.
-    let mut w3 = Worker::start_url(&url, p.path(), "run", &["-q", "slowq", "-c", "1"]);
+    let mut w3 = Worker::builder_url(&url)
+        .jobs(p.path())
+        .args(["-q", "slowq", "-c", "1"])
+        .start();
     w3.wait_for_line("playguard starting", Duration::from_secs(10));
     enqueue_url(&url, &["Slow", "--queue", "slowq"]);
     wait_until("w3 runs the slow job", Duration::from_secs(10), || {
@@ -240,8 +202,8 @@ fn failover(kill_primary: bool) {
     });
 
     let args = ["-q", "default", "-q", "slowq", "-c", "4"];
-    let mut w1 = Worker::start_url(&url, p.path(), "run", &args);
-    let mut w2 = Worker::start_url(&url, p.path(), "run", &args);
+    let mut w1 = Worker::builder_url(&url).jobs(p.path()).args(args).start();
+    let mut w2 = Worker::builder_url(&url).jobs(p.path()).args(args).start();
     for w in [&w1, &w2] {
         w.wait_for_line("playguard starting", Duration::from_secs(10));
         assert!(
@@ -256,7 +218,7 @@ fn failover(kill_primary: bool) {
     wait_until(
         "the cycle's first phase starts",
         Duration::from_secs(10),
-        || ledger(&p).iter().any(|e| e.0 == "start"),
+        || phase_ledger(&p).iter().any(|e| e.kind == "start"),
     );
     for i in 0..30 {
         enqueue_url(&url, &["Note", &format!("pre{i}")]);
@@ -297,7 +259,7 @@ fn failover(kill_primary: bool) {
     for i in 10..15 {
         enqueue_url(&url, &["Note", &format!("post{i}")]);
     }
-    let fences_before: Vec<i64> = ledger(&p).iter().map(|e| e.3).collect();
+    let fences_before: Vec<i64> = phase_ledger(&p).iter().map(|e| e.fence).collect();
     wait_until("the first cycle has ended", Duration::from_secs(30), || {
         w1.saw("lock released")
             || w2.saw("lock released")
@@ -399,20 +361,9 @@ fn failover(kill_primary: bool) {
     );
 
     // No overlap of two runs of Marquee 1; fences after the failover exceed all before.
-    let e = ledger(&p);
-    let mut runs: Vec<(f64, f64, i64)> = e
-        .iter()
-        .filter(|s| s.0 == "start")
-        .map(|s| {
-            let end = e
-                .iter()
-                .find(|x| x.0 == "end" && x.4 == s.4)
-                .map(|x| x.5)
-                .unwrap_or(f64::INFINITY);
-            (s.5, end, s.3)
-        })
-        .collect();
-    runs.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+    let e = phase_ledger(&p);
+    // Marquee 1 is the only one this test runs.
+    let runs = phase_intervals(&e, "1");
     for pair in runs.windows(2) {
         assert!(
             pair[0].1 <= pair[1].0,
@@ -422,7 +373,7 @@ fn failover(kill_primary: bool) {
     let max_before = *fences_before.iter().max().unwrap();
     let after: Vec<i64> = e
         .iter()
-        .map(|x| x.3)
+        .map(|x| x.fence)
         .filter(|f| !fences_before.contains(f))
         .collect();
     assert!(!after.is_empty(), "the second cycle ran: {e:?}");
@@ -524,11 +475,7 @@ fn check_names_the_primary_and_prints_no_password() {
             .unwrap()
     };
     let out = check("sentinel-secret");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert!(
         text.contains(&format!(
@@ -540,11 +487,7 @@ fn check_names_the_primary_and_prints_no_password() {
     assert!(!text.contains("secret"), "no password printed: {text}");
     // A wrong sentinel password is an unreachable Redis, named without either password.
     let out = check("wrong-secret");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(
         text.contains("cannot reach Redis at redis-sentinel://:***@"),

@@ -35,19 +35,6 @@ fn phased_project(ttl: u32, first_phase_secs: u32) -> Project {
     p
 }
 
-fn ledger(p: &Project) -> String {
-    std::fs::read_to_string(p.path().join("ledger.log")).unwrap_or_default()
-}
-
-fn queue(redis: &RedisServer) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg("queue:default")
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.conn())
-        .unwrap()
-}
-
 fn working_lists_empty(redis: &RedisServer) -> bool {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("playguard:working:*")
@@ -57,33 +44,26 @@ fn working_lists_empty(redis: &RedisServer) -> bool {
 }
 
 fn pids_of(p: &Project, phase: &str) -> Vec<i32> {
-    ledger(p)
+    p.read("ledger.log")
         .lines()
         .filter(|l| l.starts_with(&format!("start {phase} ")))
         .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
         .collect()
 }
 
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
-}
-
 fn term_during_a_long_phase(fetch: &str) {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "3", "--fetch", fetch]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "3", "--fetch", fetch])
+        .start();
     let jid = enqueue(&redis, &["PlayguardJob", "1"]);
     wait_until("phase one running", Duration::from_secs(10), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     let t = Instant::now();
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(15)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(15));
     eprintln!("{fetch}: TERM to exit took {:?} with -t 3", t.elapsed());
     let mut c = redis.conn();
     let locked: bool = redis::cmd("EXISTS")
@@ -91,25 +71,28 @@ fn term_during_a_long_phase(fetch: &str) {
         .query(&mut c)
         .unwrap();
     assert!(!locked, "lock released");
-    let q = queue(&redis);
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1, "exactly one copy requeued: {q:?}");
     assert!(q[0].contains(&jid), "same jid");
     assert!(working_lists_empty(&redis));
     for pid in pids_of(&p, "one") {
-        assert!(!alive(pid), "the phase's process {pid} is gone");
+        assert!(!pid_alive(pid), "the phase's process {pid} is gone");
     }
-    assert!(!ledger(&p).contains("start two"));
+    assert!(!p.read("ledger.log").contains("start two"));
     // A restarted worker completes the job.
     std::fs::remove_file(p.path().join("slow")).unwrap();
-    let mut w2 = Worker::start(&redis, p.path(), &["--fetch", fetch]);
+    let mut w2 = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--fetch", fetch])
+        .start();
     wait_until(
         "cycle completed after restart",
         Duration::from_secs(20),
-        || ledger(&p).contains("end two"),
+        || p.read("ledger.log").contains("end two"),
     );
     w2.signal("INT");
     assert_eq!(w2.wait_exit(Duration::from_secs(15)), Some(0));
-    assert!(queue(&redis).is_empty());
+    assert!(redis.lrange("queue:default").is_empty());
 }
 
 #[test]
@@ -126,21 +109,25 @@ fn term_during_a_long_phase_with_basic_fetch() {
 fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "20"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "20"])
+        .start();
     let jid = enqueue(&redis, &["PlayguardJob", "2"]);
     wait_until("phase one running", Duration::from_secs(10), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     let t = Instant::now();
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
     eprintln!(
         "TERM to exit at a boundary took {:?} (deadline 20 s)",
         t.elapsed()
     );
     assert!(w.saw("stopping at the phase boundary"), "{}", w.output());
-    assert!(ledger(&p).contains("end one") && !ledger(&p).contains("start two"));
-    let q = queue(&redis);
+    assert!(
+        p.read("ledger.log").contains("end one") && !p.read("ledger.log").contains("start two")
+    );
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1);
     assert!(q[0].contains(&jid));
     let locked: bool = redis::cmd("EXISTS")
@@ -154,15 +141,17 @@ fn term_between_phases_starts_no_further_phase_and_exits_promptly() {
 fn a_plain_job_finishes_within_the_timeout_and_is_not_requeued() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "10"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "10"])
+        .start();
     enqueue(&redis, &["PlainJob", "x"]);
     wait_until("plain job running", Duration::from_secs(10), || {
-        ledger(&p).contains("start plain")
+        p.read("ledger.log").contains("start plain")
     });
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
-    assert!(ledger(&p).contains("end plain"), "finished");
-    assert!(queue(&redis).is_empty(), "not requeued");
+    w.stop(Duration::from_secs(15));
+    assert!(p.read("ledger.log").contains("end plain"), "finished");
+    assert!(redis.lrange("queue:default").is_empty(), "not requeued");
     assert!(working_lists_empty(&redis));
     // Counted once as processed, with no failure.
     let mut c = redis.conn();
@@ -178,10 +167,13 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
     p.write("plain_secs", "60");
-    let mut w = Worker::start(&redis, p.path(), &["-t", "30"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "30"])
+        .start();
     let jid = enqueue(&redis, &["PlainJob", "y"]);
     wait_until("plain job running", Duration::from_secs(10), || {
-        ledger(&p).contains("start plain")
+        p.read("ledger.log").contains("start plain")
     });
     w.signal("TERM");
     w.wait_for_line("shutting down", Duration::from_secs(5));
@@ -192,11 +184,11 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
         "a second TERM moves the deadline to now"
     );
     assert!(w.saw("deadline moved to now"));
-    let q = queue(&redis);
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1);
     assert!(q[0].contains(&jid));
     for pid in pids_of(&p, "plain") {
-        assert!(!alive(pid), "the job's process is gone");
+        assert!(!pid_alive(pid), "the job's process is gone");
     }
 }
 
@@ -204,10 +196,13 @@ fn a_plain_job_past_the_deadline_is_killed_and_requeued_and_a_second_term_hurrie
 fn ttin_logs_busy_slots_and_tstp_quiets() {
     let redis = RedisServer::start();
     let p = phased_project(60, 10);
-    let mut w = Worker::start(&redis, p.path(), &["-t", "1"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-t", "1"])
+        .start();
     enqueue(&redis, &["PlayguardJob", "3"]);
     wait_until("phase one running", Duration::from_secs(10), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     w.signal("TTIN");
     w.wait_for_line("phase=one", Duration::from_secs(5));
@@ -230,12 +225,11 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
                 == "true"
         })
     });
-    assert!(!ledger(&p).contains("start plain"));
+    assert!(!p.read("ledger.log").contains("start plain"));
     w.signal("USR1");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(15)), Some(0));
+    w.stop(Duration::from_secs(15));
     assert_eq!(
-        queue(&redis).len(),
+        redis.lrange("queue:default").len(),
         2,
         "the interrupted cycle and the unfetched job"
     );
@@ -245,7 +239,7 @@ fn ttin_logs_busy_slots_and_tstp_quiets() {
 fn idle_worker_stops_fast_and_leaves_the_process_set() {
     let redis = RedisServer::start();
     let p = phased_project(60, 1);
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     w.wait_for_line("playguard starting", Duration::from_secs(10));
     let mut c = redis.conn();
     wait_until("registered", Duration::from_secs(10), || {
@@ -256,8 +250,7 @@ fn idle_worker_stops_fast_and_leaves_the_process_set() {
             == 1
     });
     let t = Instant::now();
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(10)), Some(0));
+    w.stop(Duration::from_secs(10));
     eprintln!("idle TERM to exit: {:?}", t.elapsed());
     assert_eq!(
         redis::cmd("SCARD")
@@ -297,7 +290,7 @@ fn works_under_foreman() {
         .unwrap();
     let jid = enqueue(&redis, &["PlayguardJob", "8"]);
     wait_until("phase one running", Duration::from_secs(20), || {
-        ledger(&p).contains("start one")
+        p.read("ledger.log").contains("start one")
     });
     signal(foreman.id() as i32, "TERM");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -305,7 +298,7 @@ fn works_under_foreman() {
         assert!(Instant::now() < deadline, "foreman did not stop");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let q = queue(&redis);
+    let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1, "requeued once under foreman: {q:?}");
     assert!(q[0].contains(&jid));
 }
@@ -320,7 +313,7 @@ fn a_sigkilled_worker_takes_its_running_command_with_it() {
         "jobs/bin/plain",
         "#!/bin/sh\nsleep 60 &\necho $! > grandchild.pid\necho $$ > plain.pid\nread -r line\necho \"$line\" > stdin.txt\nwait\n",
     );
-    let mut w = Worker::start(&redis, p.path(), &[]);
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
     enqueue(&redis, &["PlainJob", "k"]);
     let pid = |f: &str| {
         std::fs::read_to_string(p.path().join(f))
@@ -336,11 +329,11 @@ fn a_sigkilled_worker_takes_its_running_command_with_it() {
             .is_ok_and(|s| s.contains("\"class\":\"PlainJob\""))
     });
     let (cmd, grandchild) = (pid("plain.pid").unwrap(), pid("grandchild.pid").unwrap());
-    assert!(alive(cmd) && alive(grandchild));
+    assert!(pid_alive(cmd) && pid_alive(grandchild));
     w.kill9();
     wait_until(
         "the command and its child died with their worker",
         Duration::from_secs(10),
-        || !alive(cmd) && !alive(grandchild),
+        || !pid_alive(cmd) && !pid_alive(grandchild),
     );
 }

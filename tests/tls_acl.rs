@@ -104,7 +104,7 @@ openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out s
 fn tls_acl_and_database_number() {
     let Some(r) = start() else { return };
     let url = format!("rediss://worker:s3cret@127.0.0.1:{}/2", r.port);
-    let p = Project::with_jobs(&[("TlsJob", "ok", "#!/bin/sh\necho ran >> ran.log\n")]);
+    let p = Project::with_jobs(&[("TlsJob", "ok", RECORD_RAN)]);
     let ca = r.dir.path().join("ca.pem");
     let enq = Command::new(bin())
         .args(["enqueue", "-r", &url, "TlsJob"])
@@ -112,21 +112,18 @@ fn tls_acl_and_database_number() {
         .output()
         .unwrap();
     assert_success(&enq);
-    let mut w = Command::new(bin())
-        .args(["run", "-r", &url])
+    let mut w = Worker::builder_url(&url)
+        .jobs(p.path())
         .env("PLAYGUARD_REDIS_CA", &ca)
-        .current_dir(p.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+        .start();
     wait_until("job ran over TLS", Duration::from_secs(20), || {
         p.path().join("ran.log").exists()
     });
     wait_until("counted in db 2", Duration::from_secs(20), || {
         r.cli(&["GET", "stat:processed"]) == "1"
     });
-    signal(w.id() as i32, "TERM");
-    assert!(w.wait().unwrap().success());
+    w.signal("TERM");
+    assert_eq!(w.wait(), Some(0));
     // Without the CA the server's certificate is refused (no silent downgrade) ...
     let no_ca = Command::new(bin())
         .args(["check", "-r", &url])

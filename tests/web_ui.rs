@@ -13,15 +13,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::*;
 
-/// Blocks until the file `release` appears in the project directory (the job's cwd).
-const BLOCK: &str = "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n";
-const RECORD: &str = "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n";
 const FAIL: &str = "#!/bin/sh\necho \"it broke: $PLAYGUARD_ARGS\" >&2\nexit 1\n";
 
 fn project() -> Project {
     Project::with_jobs(&[
-        ("BlockJob", "block", BLOCK),
-        ("RecordJob", "record", RECORD),
+        ("BlockJob", "block", BLOCK_UNTIL_RELEASE),
+        ("RecordJob", "record", RECORD_JID),
         ("FailJob", "fail", FAIL),
     ])
 }
@@ -112,10 +109,9 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(
-        &redis,
-        p.path(),
-        &[
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args([
             "-c",
             "3",
             "-q",
@@ -124,8 +120,8 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
             "default",
             "-g",
             "webtag",
-        ],
-    );
+        ])
+        .start();
     let proc = wait_for_one_process(&redis);
     assert_eq!(proc["concurrency"], 3, "{proc}");
     assert_eq!(proc["queues"], serde_json::json!(["critical", "default"]));
@@ -185,8 +181,7 @@ fn process_set_workers_and_stats_show_a_playguard_process() {
         },
     );
 
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    w.stop(Duration::from_secs(30));
     // Gone at once after a clean stop: no cleanup or TTL needed.
     assert_eq!(
         ruby(&redis, "puts Sidekiq::ProcessSet.new.size").trim(),
@@ -208,7 +203,10 @@ fn quiet_and_stop_from_the_ruby_api() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2"])
+        .start();
     let identity = wait_for_one_process(&redis)["identity"]
         .as_str()
         .unwrap()
@@ -273,7 +271,10 @@ fn sigkilled_process_leaves_process_set_once_its_hash_expires() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "1", "--fetch", "basic"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1", "--fetch", "basic"])
+        .start();
     let identity = wait_for_one_process(&redis)["identity"]
         .as_str()
         .unwrap()
@@ -522,7 +523,10 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
     }
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "2", "-g", "webui-tag"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-g", "webui-tag"])
+        .start();
     let proc = wait_for_one_process(&redis);
     let retried = push(&redis, "FailJob", "3");
     let dead = push(&redis, "FailJob", "0");
@@ -591,12 +595,6 @@ fn sidekiq_web_renders_busy_retries_and_morgue() {
     assert!(!body.contains(&host_pid), "stopped process still on /busy");
 }
 
-/// A phase that touches `<name>.started`, then waits for `<name>.go`; `<name>` is args[0].
-const WAIT_FOR_GO: &str = "#!/bin/sh\n\
-    name=$(printf '%s' \"$PLAYGUARD_ARGS\" | tr -d '[] \"' | cut -d, -f1)\n\
-    touch \"$name.started\"\n\
-    while [ ! -e \"$name.go\" ]; do sleep 0.02; done\n";
-
 /// The Playguard tab (ruby/playguard/web.rb, required next to sidekiq/web as a Rails app does)
 /// in the real Sidekiq::Web 6.4.1, against a real worker whose database-fenced cycle waits in
 /// its `apply` phase: the lock with its holder, phase, lease bar and PostgreSQL fence, the
@@ -610,33 +608,13 @@ fn playguard_tab_shows_the_running_cycle_and_the_ledger() {
     }
     let redis = RedisServer::start();
     let pg = PostgresServer::start();
-    let p = Project::new();
-    p.script("jobs/bin/noop", "#!/bin/sh\n");
-    p.script("jobs/bin/wait", WAIT_FOR_GO);
-    p.write(
-        "jobs/app.toml",
-        r#"
-[[job]]
-class = "MarqueeCycle"
-lock = { key = "lock:marquee:{args.0}", ttl_secs = 30, label = "Marquee {args.0}", fence = "database" }
-[[job.phase]]
-name = "fetch"
-run = ["jobs/bin/noop"]
-[[job.phase]]
-name = "apply"
-run = ["jobs/bin/wait"]
-[[job.phase]]
-name = "publish"
-run = ["jobs/bin/noop"]
-"#,
-    );
+    let p = Project::go_gated_cycle("lock:marquee:");
     let db = pg.url();
-    let mut w = Worker::start_with_env(
-        &redis,
-        p.path(),
-        &["-c", "2", "-t", "5"],
-        &[("DATABASE_URL", &db)],
-    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "2", "-t", "5"])
+        .env("DATABASE_URL", &db)
+        .start();
     let proc = wait_for_one_process(&redis);
     let identity = proc["identity"].as_str().unwrap().to_string();
     let host = proc["hostname"].as_str().unwrap().to_string();
@@ -646,7 +624,7 @@ run = ["jobs/bin/noop"]
     ))
     };
     // One finished cycle in the ledger, then one left running in `apply`.
-    p.write("3.go", "");
+    p.go("3");
     enqueue(&redis, &["MarqueeCycle", "3"]);
     wait_until("Marquee 3 complete", Duration::from_secs(30), || {
         outcomes("lock:marquee:3") == "complete"
@@ -762,7 +740,7 @@ run = ["jobs/bin/noop"]
             "(0 held)",
         ],
     );
-    p.write("7.go", "");
+    p.go("7");
     wait_until("Marquee 7 lock_lost", Duration::from_secs(30), || {
         outcomes("lock:marquee:7") == "lock_lost"
     });
@@ -773,11 +751,5 @@ run = ["jobs/bin/noop"]
         "/playguard",
         &[">lock_lost</span>", "the key now holds another owner"],
     );
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
 }

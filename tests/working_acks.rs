@@ -15,44 +15,16 @@ fn job(class: &str, i: usize) -> String {
     .to_string()
 }
 
-fn push(redis: &RedisServer, jobs: &[String]) {
-    let _: () = redis::pipe()
-        .cmd("SADD")
-        .arg("queues")
-        .arg("default")
-        .ignore()
-        .cmd("LPUSH")
-        .arg("queue:default")
-        .arg(jobs)
-        .ignore()
-        .query(&mut redis.conn())
-        .unwrap();
-}
-
 fn project() -> Project {
     let p = Project::new();
-    p.script(
-        "jobs/bin/hold",
-        "#!/bin/sh\nwhile [ ! -e release ]; do sleep 0.05; done\n",
-    );
-    p.script(
-        "jobs/bin/fast",
-        "#!/bin/sh\necho \"$PLAYGUARD_JID\" >> ledger.txt\n",
-    );
+    p.script("jobs/bin/hold", BLOCK_UNTIL_RELEASE);
+    p.script("jobs/bin/fast", RECORD_JID);
     p.write(
         "jobs/app.toml",
         "[[job]]\nclass = \"HoldJob\"\nrun = [\"jobs/bin/hold\"]\n\n\
          [[job]]\nclass = \"FastJob\"\nrun = [\"jobs/bin/fast\"]\n",
     );
     p
-}
-
-fn ledger(p: &Project) -> Vec<String> {
-    std::fs::read_to_string(p.path().join("ledger.txt"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 fn working(redis: &RedisServer) -> (String, Vec<String>) {
@@ -85,8 +57,11 @@ fn finished_jobs_leave_the_working_list_while_an_older_one_runs() {
     let redis = RedisServer::start();
     let p = project();
     let hold = job("HoldJob", 0);
-    push(&redis, std::slice::from_ref(&hold));
-    let mut w = Worker::start(&redis, p.path(), &["-c", "5"]);
+    push_to_default(&redis, std::slice::from_ref(&hold));
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "5"])
+        .start();
     wait_until("registered", Duration::from_secs(20), || registered(&redis));
     wait_until(
         "the long job holds the list",
@@ -94,9 +69,9 @@ fn finished_jobs_leave_the_working_list_while_an_older_one_runs() {
         || working(&redis).1 == [hold.clone()],
     );
     let fast: Vec<String> = (0..40).map(|i| job("FastJob", i)).collect();
-    push(&redis, &fast);
+    push_to_default(&redis, &fast);
     wait_until("40 fast jobs ran", Duration::from_secs(60), || {
-        ledger(&p).len() >= 40
+        p.lines("ledger.txt").len() >= 40
     });
     wait_until(
         "only the long job is left in the working list",
@@ -107,16 +82,18 @@ fn finished_jobs_leave_the_working_list_while_an_older_one_runs() {
     wait_until("the working list is empty", Duration::from_secs(20), || {
         working(&redis).1.is_empty()
     });
-    assert_eq!(ledger(&p).len(), 40, "each fast job ran once");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    assert_eq!(p.lines("ledger.txt").len(), 40, "each fast job ran once");
+    w.stop(Duration::from_secs(20));
 }
 
 #[test]
 fn a_list_not_as_pictured_is_acknowledged_job_by_job() {
     let redis = RedisServer::start();
     let p = project();
-    let mut w = Worker::start(&redis, p.path(), &["-c", "10"]);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "10"])
+        .start();
     wait_until("registered", Duration::from_secs(20), || registered(&redis));
     // A payload the worker never fetched, at the list's old end.
     let stray = job("StrayJob", 0);
@@ -127,28 +104,22 @@ fn a_list_not_as_pictured_is_acknowledged_job_by_job() {
         .query(&mut redis.conn())
         .unwrap();
     let fast: Vec<String> = (0..200).map(|i| job("FastJob", i)).collect();
-    push(&redis, &fast);
+    push_to_default(&redis, &fast);
     wait_until("200 fast jobs ran", Duration::from_secs(90), || {
-        ledger(&p).len() >= 200
+        p.lines("ledger.txt").len() >= 200
     });
     wait_until(
         "only the stray payload is left in the working list",
         Duration::from_secs(20),
         || working(&redis).1 == [stray.clone()],
     );
-    let mut runs = ledger(&p);
+    let mut runs = p.lines("ledger.txt");
     runs.sort();
     runs.dedup();
     assert_eq!(runs.len(), 200, "each fast job ran once");
-    w.signal("TERM");
-    assert_eq!(w.wait_exit(Duration::from_secs(20)), Some(0));
+    w.stop(Duration::from_secs(20));
     // A clean stop drains what is left: the stray payload goes to the queue, not lost.
-    let queued: Vec<String> = redis::cmd("LRANGE")
-        .arg("queue:default")
-        .arg(0)
-        .arg(-1)
-        .query(&mut redis.conn())
-        .unwrap();
+    let queued = redis.lrange("queue:default");
     assert_eq!(queued, [stray]);
 }
 

@@ -1,4 +1,4 @@
-# Invariant checker for bench/chaos.sh (POSIX awk). Files, in order:
+# Invariant checker for tests/chaos/chaos.sh (POSIX awk). Files, in order:
 #   enqueued   "<plain|marquee> <jid> [marquee]"   jobs Redis accepted
 #   uncertain  same format: pushes whose reply was lost (they may or may not have landed)
 #   skipped    "<jid>" of Marquee jobs a worker skipped because a live holder had the lock, or

@@ -4,13 +4,13 @@
 # loopback port, temp dir). At random it SIGKILLs and restarts a worker, SIGSTOPs one past its
 # leases (sometimes past the 15 s liveness TTL), pauses (SIGSTOP) Redis, restarts Redis, and
 # does rolling SIGTERM restarts. Then it drains, stops everything and checks the ledger the
-# commands wrote (bench/chaos_check.awk). Exits non-zero when an invariant fails.
-#   bash bench/chaos.sh --seconds 60      # the CI mode
-#   bash bench/chaos.sh --minutes 10
+# commands wrote (tests/chaos/check.awk). Exits non-zero when an invariant fails.
+#   bash tests/chaos/chaos.sh --seconds 60      # the CI mode
+#   bash tests/chaos/chaos.sh --minutes 10
 # Uses the debug build (`cargo build`, already there after `cargo test`); PG_BIN overrides.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-root="$(dirname "$here")"
+root="$(cd "$here/../.." && pwd)"
 secs=600
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -264,7 +264,7 @@ echo "processes left behind: $left_procs"
 echo "workers that exited by themselves: $w_exited (must be 0)"
 status=0
 awk -v left_procs="$left_procs" -v left_redis="$left_in_redis" \
-  -f "$here/chaos_check.awk" "$tmp/enqueued" "$tmp/uncertain" "$tmp/skipped" \
+  -f "$here/check.awk" "$tmp/enqueued" "$tmp/uncertain" "$tmp/skipped" \
   "$tmp/remaining" "$proj/ledger" \
   || status=$?
 [ "$w_exited" = 0 ] || { echo "chaos: FAIL (a worker exited by itself)"; status=1; }
