@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Chaos soak (issue 13): 4 workers over 1,000 Marquees (3 phases each, ttl 3 s, random phase
+# Chaos soak: 4 workers over 1,000 Marquees (3 phases each, ttl 3 s, random phase
 # lengths) plus a stream of plain jobs, against a private redis-server (appendonly on, free
 # loopback port, temp dir). At random it SIGKILLs and restarts a worker, SIGSTOPs one past its
 # leases (sometimes past the 15 s liveness TTL), pauses (SIGSTOP) Redis, restarts Redis, and

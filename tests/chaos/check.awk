@@ -10,7 +10,7 @@
 #              the phase's process is gone (a KILLed phase has no E line; its end is D's)
 # Overlap: two phase executions of one Marquee by different acquisitions overlapping in time.
 # An acquisition is its fence and jid (a phase's worker pid is not: a phase started while its
-# worker was dying sees pid 1 as its shepherd's parent).
+# worker was dying sees pid 1 as its guardian's parent).
 # Fences: by start time, a Marquee's fence never goes down, and one fence is one holder.
 # Lost: a job Redis accepted that never ran (plain: no P line; Marquee: no phase started, not
 # skipped beside a live holder). Pass -v left_procs=N -v left_redis=N.
