@@ -119,7 +119,7 @@ fn sigkill_three_times_loses_no_job() {
 fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     let redis = RedisServer::start();
     let p = Project::new();
-    // A command's parent is playguard's sh shepherd and the worker is one level up: only
+    // A command's parent is playguard's command guardian and the worker is one level up: only
     // kill that process when it really is playguard.
     p.script(
         "jobs/bin/killer",
