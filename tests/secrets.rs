@@ -131,7 +131,8 @@ fn a_job_gets_only_the_environment_it_names() {
     let p = Project::new();
     p.script(
         "jobs/bin/show-env",
-        "#!/bin/sh\nenv | sort > \"env-$PLAYGUARD_CLASS.txt\"\n",
+        // Written whole, then renamed: the test reads the file as soon as it exists.
+        "#!/bin/sh\nenv | sort > \"env-$PLAYGUARD_CLASS.tmp\"\nmv \"env-$PLAYGUARD_CLASS.tmp\" \"env-$PLAYGUARD_CLASS.txt\"\n",
     );
     p.write(
         "jobs/app.toml",
