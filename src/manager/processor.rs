@@ -121,10 +121,9 @@ async fn run_job(
         return;
     }
     let run_at = wall_secs();
-    let payload = job.raw.clone();
     let slot = Arc::new(worker.slots.begin(SlotEntry {
         queue: f.queue.clone(),
-        payload: payload.clone(),
+        payload: job.raw.clone(),
         run_at,
         jid: jid.clone(),
         class: shown.clone(),
@@ -134,48 +133,39 @@ async fn run_job(
     lines.start();
     let handler = worker.registry.get(&class);
     let known = handler.is_some();
+    // The run and its first poll stay in this future (no async step of their own): a nested
+    // future per job cost some 250 instructions and two copies of it (bench/profile.sh).
     let outcome = match handler {
-        None => Outcome::Failed(Failure::new(
-            error_class::NAME_ERROR,
-            format!("uninitialized constant {class}"),
-        )),
+        None => unknown_class(&class),
         Some(h) => {
-            let ctx = JobContext {
-                jid,
-                class: class.clone(),
-                queue: f.queue.clone(),
-                args: job.dispatch_args(),
-                retry_count: job.retry_count(),
-                payload,
-                shutdown: worker.shutdown.clone(),
-                redis: worker.conn.clone(),
-                metrics: worker.metrics.clone(),
-                db: worker.db.clone(),
-                liveness: lease.clone(),
-                locks_record: worker.locks_record.clone(),
-                slot: Some(slot.clone()),
-            };
-            perform(worker, &lease, &*h, ctx).await
+            let ctx = context(worker, &f, &job, (jid, class.clone()), &lease, &slot);
+            let (mut run, grace) = start(&*h, ctx);
+            // The job first: one that is done at its first poll (most are) never arms the
+            // deadline's and the lease's watchers (a timer and two subscriptions), nor makes
+            // room for them in this future (which every job's task is built from).
+            let first = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut run), cx))
+            })
+            .await;
+            match first {
+                std::task::Poll::Ready(r) => caught(r),
+                std::task::Poll::Pending => Box::pin(supervise(worker, &lease, run, grace)).await,
+            }
         }
     };
     let took = started.elapsed();
     let ran = Ran {
         shown: &shown,
         known,
+        took,
         // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
         elapsed_ms: (took.as_secs_f64() * 10_000.0).round() / 10.0,
     };
     let outcome = handed_back_if_lapsed(outcome, &lease);
-    record(
-        worker,
-        &job,
-        &f.queue,
-        &ran,
-        &outcome,
-        run_at + took.as_secs() as i64,
-        took,
-    );
-    settle(worker, f, &job, outcome, &ran, &lease, lines).await;
+    record(worker, &job, &f.queue, &ran, &outcome, run_at);
+    if let Some(write) = settle(worker, f, &job, outcome, &ran, &lease, lines) {
+        write.await;
+    }
     drop(slot);
 }
 
@@ -193,14 +183,50 @@ struct Ran<'a> {
     shown: &'a str,
     /// Whether a handler was registered for the class.
     known: bool,
+    took: std::time::Duration,
     elapsed_ms: f64,
 }
 
-/// Run the handler to its end. A panic is caught and becomes a failure (retried the Sidekiq
-/// way). At the hard deadline a Rust handler is abandoned (its future dropped); command and
-/// phased jobs stop their process groups first and report Requeue themselves, within the kill
-/// grace. No task of its own: the fetch loop gives the job one only if it waits.
-async fn perform(worker: &Worker, lease: &JobLease, h: &dyn Handler, ctx: JobContext) -> Outcome {
+/// The failure of a class nobody registered: what Ruby raises when constantize fails.
+fn unknown_class(class: &str) -> Outcome {
+    Outcome::Failed(Failure::new(
+        error_class::NAME_ERROR,
+        format!("uninitialized constant {class}"),
+    ))
+}
+
+/// What the handler is told about its job. `names`: the jid and the class dispatched on.
+fn context(
+    worker: &Worker,
+    f: &UnitOfWork,
+    job: &Job,
+    (jid, class): (Arc<str>, Arc<str>),
+    lease: &JobLease,
+    slot: &Arc<crate::process::slots::SlotGuard>,
+) -> JobContext {
+    JobContext {
+        jid,
+        class,
+        queue: f.queue.clone(),
+        args: job.dispatch_args(),
+        retry_count: job.retry_count(),
+        payload: job.raw.clone(),
+        shutdown: worker.shutdown.clone(),
+        redis: worker.conn.clone(),
+        metrics: worker.metrics.clone(),
+        db: worker.db.clone(),
+        liveness: lease.clone(),
+        locks_record: worker.locks_record.clone(),
+        slot: Some(slot.clone()),
+    }
+}
+
+/// The handler's run, and the time it has past a hard deadline or a lapse. A panic is caught
+/// and becomes a failure (retried the Sidekiq way). At the hard deadline a Rust handler is
+/// abandoned (its future dropped); command and phased jobs stop their process groups first
+/// and report Requeue themselves, within the kill grace. No task of its own: the fetch loop
+/// gives the job one only if it waits.
+fn start(h: &dyn Handler, ctx: JobContext) -> (Run, std::time::Duration) {
     // Enough for the kill grace plus a lock release against a slow Redis (5 s reply
     // deadline): the lock must be released before the payload is pushed back.
     let grace = if h.stops_itself() {
@@ -211,7 +237,7 @@ async fn perform(worker: &Worker, lease: &JobLease, h: &dyn Handler, ctx: JobCon
     // perform() itself runs inside the guard too: a closure may panic before its async block
     // starts. Its future is boxed already: the guard around it is not.
     let perform = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.perform(ctx)));
-    let mut run: Run = match perform {
+    let run: Run = match perform {
         Ok(fut) => std::panic::AssertUnwindSafe(fut).catch_unwind(),
         Err(p) => std::panic::AssertUnwindSafe(Box::pin(std::future::ready(Outcome::Failed(
             Failure::new(error_class::PANIC, panic_message(p)),
@@ -219,17 +245,7 @@ async fn perform(worker: &Worker, lease: &JobLease, h: &dyn Handler, ctx: JobCon
             as crate::job::handler::BoxFuture<'static, Outcome>)
         .catch_unwind(),
     };
-    // The job first: one that is done at its first poll (most are) never arms the deadline's
-    // and the lease's watchers (a timer and two subscriptions), nor makes room for them in
-    // this future (which every job's task is built from).
-    let first = std::future::poll_fn(|cx| {
-        std::task::Poll::Ready(std::future::Future::poll(std::pin::Pin::new(&mut run), cx))
-    })
-    .await;
-    match first {
-        std::task::Poll::Ready(r) => caught(r),
-        std::task::Poll::Pending => Box::pin(supervise(worker, lease, run, grace)).await,
-    }
+    (run, grace)
 }
 
 /// A job that failed while our lease lapsed was most likely killed for it: it goes back
@@ -244,16 +260,8 @@ fn handed_back_if_lapsed(outcome: Outcome, lease: &JobLease) -> Outcome {
     }
 }
 
-/// The run's Prometheus series and its Sidekiq Metrics-tab count (in the minute `ended_at`).
-fn record(
-    worker: &Worker,
-    job: &Job,
-    queue: &str,
-    ran: &Ran<'_>,
-    outcome: &Outcome,
-    ended_at: i64,
-    took: std::time::Duration,
-) {
+/// The run's Prometheus series and its Sidekiq Metrics-tab count (in the minute it ended).
+fn record(worker: &Worker, job: &Job, queue: &str, ran: &Ran<'_>, outcome: &Outcome, run_at: i64) {
     let end = match outcome {
         Outcome::Done => JobEnd::Done,
         Outcome::Failed(_) => JobEnd::Failed,
@@ -267,30 +275,33 @@ fn record(
     if ran.known {
         let failed = !matches!(outcome, Outcome::Done);
         worker.job_metrics.record(
-            ended_at,
+            run_at + ran.took.as_secs() as i64,
             crate::job::payload::class_of(job),
             failed,
-            took.as_millis() as u64,
+            ran.took.as_millis() as u64,
         );
     }
 }
 
-/// Write the outcome: ack, retry or dead with the ack, or the payload back on its queue.
-async fn settle(
-    worker: &Worker,
+/// The outcome's counters and lines; a done job is acknowledged here (batched), and what is
+/// left to write to Redis (retry or dead with the ack, or the payload back on its queue) is
+/// returned, boxed: the common path, done, builds no future.
+fn settle<'a>(
+    worker: &'a Worker,
     f: UnitOfWork,
     job: &Job,
     outcome: Outcome,
     ran: &Ran<'_>,
     lease: &JobLease,
     lines: crate::logging::job_lines::JobLines,
-) {
+) -> Option<crate::job::handler::BoxFuture<'a, ()>> {
     let ms = ran.elapsed_ms;
     match outcome {
         Outcome::Done => {
             worker.slots.count(false);
             lines.done(ms);
             worker.fetch.acknowledge(f);
+            None
         }
         Outcome::Failed(failure) => {
             worker.slots.count(true);
@@ -312,7 +323,7 @@ async fn settle(
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
             retry::add_to_pipeline(&mut pipe, &decision);
-            Box::pin(worker.fetch.settle(&f, pipe)).await;
+            Some(Box::pin(async move { worker.fetch.settle(&f, pipe).await }))
         }
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
@@ -322,7 +333,9 @@ async fn settle(
             } else {
                 tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
             }
-            Box::pin(worker.fetch.requeue_logged(&f)).await;
+            Some(Box::pin(
+                async move { worker.fetch.requeue_logged(&f).await },
+            ))
         }
     }
 }
