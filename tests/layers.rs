@@ -173,20 +173,19 @@ fn function_lengths() -> Vec<(usize, String)> {
 
 /// The name of the function a line starts, if it starts one.
 fn fn_name(line: &str) -> Option<String> {
-    let mut t = line.trim_start();
-    for prefix in [
+    const PREFIXES: [&str; 6] = [
         "pub(crate) ",
         "pub(super) ",
         "pub ",
         "const ",
         "async ",
         "unsafe ",
-    ] {
-        t = t.strip_prefix(prefix).unwrap_or(t);
-        t = t.strip_prefix(prefix).unwrap_or(t);
+    ];
+    let mut t = line.trim_start();
+    while let Some(rest) = PREFIXES.iter().find_map(|p| t.strip_prefix(p)) {
+        t = rest;
     }
-    let rest = t.strip_prefix("fn ")?;
-    Some(first_ident(rest))
+    Some(first_ident(t.strip_prefix("fn ")?))
 }
 
 #[test]

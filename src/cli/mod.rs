@@ -8,7 +8,9 @@ use crate::logging::LogFormat;
 use crate::manifest::jobs as manifest_jobs;
 use crate::metrics::sidekiq_tab::Mode as SidekiqMetrics;
 use crate::worker::config::{self, Config};
-use crate::worker::error::{open_redis, report, StartError};
+use crate::worker::error::{
+    database_error, open_redis, parse_database, redis_version, report, StartError,
+};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -405,9 +407,7 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
     let url = crate::connections::redact::url(&a.redis.url);
     let res = runtime().block_on(async {
         let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
-        let version = crate::connections::redis_conn::check_server(&mut conn)
-            .await
-            .map_err(|e| StartError::from_server(&url, e))?;
+        let version = redis_version(&mut conn, &url).await?;
         Ok::<_, StartError>(match conn.primary() {
             Some(p) => format!("{version} (primary {p})"),
             None => version,
@@ -448,14 +448,10 @@ fn check_database(
     let Some(url) = url else {
         return Ok(None);
     };
-    let db = crate::connections::db::Db::new(url, "playguard-check")
-        .map_err(|e| StartError::Config(e.to_string()))?;
+    let db = parse_database(url, "playguard-check")?;
     let version = runtime()
         .block_on(db.server_version())
-        .map_err(|e| StartError::Database {
-            url: db.shown_url().to_string(),
-            err: e.to_string(),
-        })?;
+        .map_err(|e| database_error(&db, e))?;
     Ok(Some(format!(
         "PostgreSQL {version} at {} answers",
         db.shown_url()

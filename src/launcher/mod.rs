@@ -11,7 +11,7 @@ use crate::manifest::PeriodicSpec;
 use crate::process::shutdown::Shutdown;
 use crate::process::slots::SlotTable;
 use crate::worker::config::Config;
-use crate::worker::error::open_redis;
+use crate::worker::error::{database_error, open_redis, parse_database, redis_version};
 use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
@@ -187,12 +187,8 @@ async fn open_database(
     let Some(url) = config.database_url.as_deref() else {
         return Ok(None);
     };
-    let db = crate::connections::db::Db::new(url, identity)
-        .map_err(|e| StartError::Config(e.to_string()))?;
-    let unreachable = |e: crate::connections::db::DbError| StartError::Database {
-        url: db.shown_url().to_string(),
-        err: e.to_string(),
-    };
+    let db = parse_database(url, identity)?;
+    let unreachable = |e| database_error(&db, e);
     db.ensure_schema().await.map_err(unreachable)?;
     let version = db.server_version().await.map_err(unreachable)?;
     tracing::info!(database = %db.shown_url(), postgres = %version,
@@ -240,9 +236,7 @@ async fn build(
         .map_err(StartError::Config)?;
     let url = crate::connections::redact::url(&config.redis_url);
     let (client, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
-    let version = crate::connections::redis_conn::check_server(&mut conn)
-        .await
-        .map_err(|e| StartError::from_server(&url, e))?;
+    let version = redis_version(&mut conn, &url).await?;
     // Behind sentinels, the start line names the primary they led us to.
     let version = match conn.primary() {
         Some(p) => format!("{version} at primary {p}"),

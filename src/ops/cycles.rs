@@ -6,7 +6,7 @@
 //! lock keys; see `locks.rs`), and the output says so.
 
 use crate::connections::db::Db;
-use crate::worker::error::{report, StartError};
+use crate::worker::error::{parse_database, report};
 use serde::Serialize;
 use tokio_postgres::types::Type;
 
@@ -170,9 +170,9 @@ pub async fn command(
 ) -> i32 {
     let (cycles, note) = match database_url {
         Some(url) => {
-            let db = match Db::new(url, "playguard-cycles") {
+            let db = match parse_database(url, "playguard-cycles") {
                 Ok(d) => d,
-                Err(e) => return report(&StartError::Config(e.to_string())),
+                Err(e) => return report(&e),
             };
             match from_ledger(&db, key, limit.into()).await {
                 Ok(c) => (c, None),

@@ -14,7 +14,7 @@
 
 use crate::connections::db::Db;
 use crate::connections::redis_conn::Conn;
-use crate::worker::error::{open_redis, report, StartError};
+use crate::worker::error::{open_redis, parse_database, report, StartError};
 use redis::Value;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -288,7 +288,7 @@ pub async fn connect(
     who: &str,
 ) -> Result<(Conn, Option<Db>), StartError> {
     let db = match database_url {
-        Some(u) => Some(Db::new(u, who).map_err(|e| StartError::Config(e.to_string()))?),
+        Some(u) => Some(parse_database(u, who)?),
         None => None,
     };
     let (_, conn) = open_redis(redis_url, std::time::Duration::ZERO).await?;

@@ -3,6 +3,7 @@
 //! 1 for a server that may answer later). Every subcommand opens Redis with `open_redis` and
 //! ends a failed start with `report`. Touches no Redis keys (a PING and, on a start, INFO).
 
+use crate::connections::db::{Db, DbError};
 use crate::connections::redis_conn::{Client, Conn};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,27 @@ impl StartError {
             StartError::Config(_) | StartError::RedisTooOld { .. } => 2,
             StartError::RedisUnreachable { .. } | StartError::Database { .. } => 1,
         }
+    }
+}
+
+/// The Redis server's version, or why it will not do (too old; the connection dropped while
+/// asking). `url` is the redacted URL the error names.
+pub async fn redis_version(conn: &mut Conn, url: &str) -> Result<String, StartError> {
+    crate::connections::redis_conn::check_server(conn)
+        .await
+        .map_err(|e| StartError::from_server(url, e))
+}
+
+/// A database URL that does not parse is a configuration error, as a Redis URL is.
+pub fn parse_database(url: &str, who: &str) -> Result<Db, StartError> {
+    Db::new(url, who).map_err(|e| StartError::Config(e.to_string()))
+}
+
+/// PostgreSQL at `db` did not answer (or refused what we asked).
+pub fn database_error(db: &Db, e: DbError) -> StartError {
+    StartError::Database {
+        url: db.shown_url().to_string(),
+        err: e.to_string(),
     }
 }
 

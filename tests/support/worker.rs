@@ -1,5 +1,5 @@
 //! Starting the real `playguard` binary: [`Worker::builder`] is the one way a test starts a
-//! worker (any subcommand, URL, project directory, arguments, environment, wrapper), the
+//! worker (`playguard run`: URL, project directory, arguments, environment, wrapper), the
 //! running [`Worker`] with its output lines collected, and `playguard enqueue`.
 
 use super::lines::Lines;
@@ -9,13 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How to start one `playguard` process: `[WRAPPER...] playguard SUB -r URL ARGS...` in the
+/// How to start one `playguard` process: `[WRAPPER...] playguard run -r URL ARGS...` in the
 /// project directory, with RUST_LOG=info unless the test sets it. Start it with
 /// [`WorkerBuilder::start`].
 #[must_use]
 pub struct WorkerBuilder {
     url: String,
-    sub: String,
     dir: Option<PathBuf>,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
@@ -23,12 +22,6 @@ pub struct WorkerBuilder {
 }
 
 impl WorkerBuilder {
-    /// The subcommand (default `run`).
-    pub fn sub(mut self, sub: &str) -> Self {
-        self.sub = sub.to_string();
-        self
-    }
-
     /// The project directory the worker runs in (its `jobs/` manifests), its current directory.
     pub fn jobs(mut self, dir: impl AsRef<Path>) -> Self {
         self.dir = Some(dir.as_ref().to_path_buf());
@@ -73,7 +66,7 @@ impl WorkerBuilder {
             }
             None => Command::new(bin()),
         };
-        cmd.arg(&self.sub)
+        cmd.arg("run")
             .args(["-r", &self.url])
             .args(&self.args)
             .env("RUST_LOG", "info")
@@ -107,7 +100,6 @@ impl Worker {
     pub fn builder_url(url: &str) -> WorkerBuilder {
         WorkerBuilder {
             url: url.to_string(),
-            sub: "run".to_string(),
             dir: None,
             args: Vec::new(),
             env: Vec::new(),
