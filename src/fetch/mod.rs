@@ -220,6 +220,7 @@ impl FetchStrategy {
             return;
         }
         let mut conn = self.conn.clone();
+        let mut attempts = 0u32;
         loop {
             let Err(e) = pipe.query_async::<()>(&mut conn).await else {
                 if let Mode::Reliable(r) = &self.mode {
@@ -233,8 +234,12 @@ impl FetchStrategy {
                     if self.recovers_orphans() { "; if it is still in the working list it will run again" } else { "" });
                 return;
             }
-            tracing::warn!(error = %e, queue = %job.queue,
-                "could not record the job's outcome in Redis; retrying");
+            // Once, then every 10 s: Redis out of memory can refuse it for minutes.
+            attempts += 1;
+            if attempts % 20 == 1 {
+                tracing::warn!(error = %e, queue = %job.queue, attempts,
+                    "could not record the job's outcome in Redis; retrying");
+            }
             tokio::time::sleep(SETTLE_RETRY_PAUSE).await;
         }
     }

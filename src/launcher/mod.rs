@@ -153,10 +153,9 @@ async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<Str
     };
     // Our alive key vanished since the last beat (evicted, flushed, a failover to a replica
     // that lacked it): another process may already have recovered our jobs, so this is a
-    // lapse now, and the jobs a lapse stops are stopped.
-    // The lapse lasts until the next beat, as one found by its deadline does: nothing is
-    // fetched meanwhile, so the stopped jobs go back (by LREM of their bytes) before a copy
-    // of one could be fetched again into the same working list.
+    // lapse now, and the jobs a lapse stops are stopped. It lasts until the next beat, as a
+    // lapse found by its deadline does: nothing is fetched meanwhile, so the stopped jobs go
+    // back (by LREM of their bytes) before a copy of one can be fetched into the same list.
     if !existed && worker.liveness.vanished() {
         tracing::warn!(key = %crate::process::liveness::alive_key(&worker.identity),
             "liveness lease lapsed: our alive key had vanished from Redis (evicted, flushed, or a failover to a replica that lacked it); stopping our running jobs");
