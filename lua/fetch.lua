@@ -8,17 +8,31 @@
 --                 us again, so no job lands in a working list no sweep would look at)
 -- Returns {index, {job, ...}, index, {job, ...}, ...}: per queue that gave jobs its 1-based
 -- position in KEYS[1..n] and its jobs oldest first (one index per queue, not per job: the
--- client parses fewer replies).
+-- client parses fewer replies). A queue whose key or working list holds another type than a
+-- list is skipped and reported as {-index, {key, type}}: every type is checked before the
+-- first pop, so no popped job can meet a push that fails (it would be written nowhere).
 local n = (#KEYS - 1) / 2
 local want = tonumber(ARGV[1])
 local out = {}
 if redis.call('EXISTS', KEYS[2 * n + 1]) == 0 then
   return out
 end
+local skip = {}
+for i = 1, n do
+  for _, key in ipairs({KEYS[i], KEYS[n + i]}) do
+    local t = redis.call('TYPE', key).ok
+    if t ~= 'list' and t ~= 'none' then
+      skip[i] = true
+      out[#out + 1] = -i
+      out[#out + 1] = {key, t}
+      break
+    end
+  end
+end
 for i = 1, n do
   if want <= 0 then break end
   -- RPOP with a count takes the oldest jobs first (the client LPUSHes on the left).
-  local jobs = redis.call('RPOP', KEYS[i], want)
+  local jobs = not skip[i] and redis.call('RPOP', KEYS[i], want)
   if jobs then
     -- Several values in one LPUSH leave the same order as one LPUSH each: oldest rightmost.
     redis.call('LPUSH', KEYS[n + i], unpack(jobs))

@@ -121,6 +121,10 @@ struct RunArgs {
     /// Write the Metrics-tab keys of Sidekiq 7.x, 8.x, both (default) or none (off).
     #[arg(long = "sidekiq-metrics", value_enum, default_value_t = SidekiqMetrics::Both)]
     sidekiq_metrics: SidekiqMetrics,
+    /// Run reliable fetch even when Redis's maxmemory-policy may evict keys (a WARN instead of
+    /// a refused start; see docs/operations.md).
+    #[arg(long = "allow-eviction")]
+    allow_eviction: bool,
 }
 
 #[derive(Args)]
@@ -199,6 +203,7 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
         metrics_addr: a.metrics_addr,
         sidekiq_metrics: a.sidekiq_metrics,
         database_url: a.database.database_url.filter(|u| !u.is_empty()),
+        allow_eviction: a.allow_eviction,
         ..Config::default()
     };
     let file = match a.config {

@@ -16,10 +16,11 @@ pub use working_order::working_key;
 
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
+use crate::process::redis_state::RedisState;
 use crate::process::shutdown::Shutdown;
 use basic::BasicFetch;
 use reliable::ReliableFetch;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Jobs taken in one round trip, in fetch order.
 pub type Batch = redis::RedisResult<Vec<UnitOfWork>>;
@@ -54,21 +55,31 @@ pub struct FetchStrategy {
     mode: Mode,
     conn: Conn,
     shutdown: Shutdown,
+    /// Queues whose key holds another type are left out of every fetch and wait.
+    state: Arc<RedisState>,
     /// Jobs stopped and meant to go back to their queues while Redis could not be reached:
     /// retried after every heartbeat that lands, so none stays in our working list for good.
     deferred_requeues: Mutex<Vec<UnitOfWork>>,
 }
 
 impl FetchStrategy {
-    pub fn new(kind: FetchMode, identity: &str, conn: Conn, shutdown: Shutdown) -> FetchStrategy {
+    pub fn new(
+        kind: FetchMode,
+        identity: &str,
+        (conn, state): (Conn, Arc<RedisState>),
+        shutdown: Shutdown,
+    ) -> FetchStrategy {
         let mode = match kind {
-            FetchMode::Reliable => Mode::Reliable(ReliableFetch::start(identity, conn.clone())),
+            FetchMode::Reliable => {
+                Mode::Reliable(ReliableFetch::start(identity, conn.clone(), state.clone()))
+            }
             FetchMode::Basic => Mode::Basic(BasicFetch::new(conn.clone())),
         };
         FetchStrategy {
             mode,
             conn,
             shutdown,
+            state,
             deferred_requeues: Mutex::default(),
         }
     }
@@ -90,9 +101,27 @@ impl FetchStrategy {
 
     /// Take up to `n` jobs in `order` for the free slots, in one round trip per batch.
     pub async fn take(&self, order: &[&str], n: usize, epoch: u64) -> Batch {
+        let order = self.usable(order);
         match &self.mode {
-            Mode::Reliable(r) => r.take(order, n, epoch).await,
-            Mode::Basic(b) => b.take(order, n, epoch).await,
+            Mode::Reliable(r) => r.take(&order, n, epoch).await,
+            Mode::Basic(b) => b.take(&order, n, epoch).await,
+        }
+    }
+
+    /// `order` without the queues whose key (or working list) holds another type than a
+    /// list: one bad key must not stop the others (see `process/redis_state.rs`).
+    fn usable<'a>(&self, order: &[&'a str]) -> Vec<&'a str> {
+        let mut order = order.to_vec();
+        order.retain(|q| !self.state.is_broken(q));
+        order
+    }
+
+    /// Whether a blocking pop has nothing it may wait on now (its queue, or every queue, is
+    /// skipped for its type): the blocker then idles for a round instead.
+    pub fn wait_skipped(&self, wait: &Wait, order: &[&str]) -> bool {
+        match wait {
+            Wait::Queue(q) => self.state.is_broken(q),
+            Wait::AllQueues => self.usable(order).is_empty(),
         }
     }
 
@@ -127,7 +156,7 @@ impl FetchStrategy {
     pub fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
         match (&self.mode, wait) {
             (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
-            _ => BasicFetch::blocking_pop(order, timeout_secs),
+            _ => BasicFetch::blocking_pop(&self.usable(order), timeout_secs),
         }
     }
 
@@ -191,6 +220,7 @@ impl FetchStrategy {
             return;
         }
         let mut conn = self.conn.clone();
+        let mut attempts = 0u32;
         loop {
             let Err(e) = pipe.query_async::<()>(&mut conn).await else {
                 if let Mode::Reliable(r) = &self.mode {
@@ -204,8 +234,12 @@ impl FetchStrategy {
                     if self.recovers_orphans() { "; if it is still in the working list it will run again" } else { "" });
                 return;
             }
-            tracing::warn!(error = %e, queue = %job.queue,
-                "could not record the job's outcome in Redis; retrying");
+            // Once, then every 10 s: Redis out of memory can refuse it for minutes.
+            attempts += 1;
+            if attempts % 20 == 1 {
+                tracing::warn!(error = %e, queue = %job.queue, attempts,
+                    "could not record the job's outcome in Redis; retrying");
+            }
             tokio::time::sleep(SETTLE_RETRY_PAUSE).await;
         }
     }

@@ -12,6 +12,8 @@ use super::Batch;
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::queues::queue_key;
+use crate::process::redis_state::RedisState;
+use std::sync::Arc;
 
 /// Most queues one fetch script call looks at (see `take`).
 const FETCH_QUEUES_PER_CALL: usize = 8;
@@ -27,14 +29,17 @@ pub struct ReliableFetch {
     identity: String,
     conn: Conn,
     acks: Acks,
+    /// Where a queue the script skipped for its type is marked (fetch then leaves it out).
+    state: Arc<RedisState>,
 }
 
 impl ReliableFetch {
-    pub fn start(identity: &str, conn: Conn) -> ReliableFetch {
+    pub fn start(identity: &str, conn: Conn, state: Arc<RedisState>) -> ReliableFetch {
         ReliableFetch {
             identity: identity.to_string(),
             acks: Acks::start(conn.clone(), identity),
             conn,
+            state,
         }
     }
 
@@ -66,7 +71,12 @@ impl ReliableFetch {
             let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
             let mut it = reply.into_iter();
             while let (Some(idx), Some(jobs)) = (it.next(), it.next()) {
-                let i: usize = redis::from_redis_value_ref(&idx)?;
+                let i: i64 = redis::from_redis_value_ref(&idx)?;
+                if i < 0 {
+                    self.skipped(chunk[(-i - 1) as usize], &jobs)?;
+                    continue;
+                }
+                let i = i as usize;
                 let redis::Value::Array(jobs) = jobs else {
                     return Err(redis::RedisError::from((
                         redis::ErrorKind::Client,
@@ -94,6 +104,18 @@ impl ReliableFetch {
             }
         }
         Ok(out)
+    }
+
+    /// The script skipped `queue`: its key or our working list of it holds another type
+    /// (`reply` is `[key, type]`). Marked broken and logged once, naming the key.
+    fn skipped(&self, queue: &str, reply: &redis::Value) -> redis::RedisResult<()> {
+        let (key, kind): (String, String) = redis::from_redis_value_ref(reply)?;
+        let why = format!("{key} holds a {kind}, not a list");
+        if self.state.mark_broken(queue, why.clone()) {
+            tracing::error!(queue, key = %key,
+                "{why}: queue {queue} is skipped by fetch until the key is fixed (deleted or made a list)");
+        }
+        Ok(())
     }
 
     /// The idle wait for one queue: BLMOVE its next job into our working list.

@@ -145,17 +145,33 @@ async fn listen_for_signals(worker: Arc<Worker>) {
 /// one after a lapse treats our past as dead (see `regained`).
 async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
     let sent_at = tokio::time::Instant::now();
-    let r = heartbeat::beat(worker, info).await;
-    if r.is_ok() && worker.fetch.recovers_orphans() {
-        // Still lapsed (nothing is fetched): release first, so no lock taken after the
-        // refresh can be among those released.
-        if !worker.liveness.is_live() {
-            regained(worker).await;
-        }
-        worker.liveness.refreshed(sent_at);
-        worker.fetch.retry_deferred_requeues().await;
+    let beat = heartbeat::beat(worker, info).await?;
+    let existed = match beat.lease {
+        heartbeat::Lease::NotKept => return Ok(beat.signal),
+        heartbeat::Lease::Refreshed { existed } => existed,
+        heartbeat::Lease::Missing => false,
+    };
+    // Our alive key vanished since the last beat (evicted, flushed, a failover to a replica
+    // that lacked it): another process may already have recovered our jobs, so this is a
+    // lapse now, and the jobs a lapse stops are stopped. It lasts until the next beat, as a
+    // lapse found by its deadline does: nothing is fetched meanwhile, so the stopped jobs go
+    // back (by LREM of their bytes) before a copy of one can be fetched into the same list.
+    if !existed && worker.liveness.vanished() {
+        tracing::warn!(key = %crate::process::liveness::alive_key(&worker.identity),
+            "liveness lease lapsed: our alive key had vanished from Redis (evicted, flushed, or a failover to a replica that lacked it); stopping our running jobs");
+        return Ok(beat.signal);
     }
-    r
+    if beat.lease == heartbeat::Lease::Missing {
+        return Ok(beat.signal);
+    }
+    // Still lapsed (nothing is fetched): release first, so no lock taken after the
+    // refresh can be among those released.
+    if !worker.liveness.is_live() {
+        regained(worker).await;
+    }
+    worker.liveness.refreshed(sent_at);
+    worker.fetch.retry_deferred_requeues().await;
+    Ok(beat.signal)
 }
 
 /// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
@@ -244,6 +260,11 @@ async fn build(
     };
     let identity = crate::process::identity::new_identity();
     let db = open_database(&config, &identity).await?;
+    let state = Arc::new(crate::process::redis_state::RedisState::default());
+    let reliable = config.fetch == crate::fetch::FetchMode::Reliable;
+    crate::loops::eviction::check_at_start(&mut conn, &state, reliable, config.allow_eviction)
+        .await
+        .map_err(StartError::Config)?;
     let worker = Arc::new(new_worker(
         config,
         registry,
@@ -251,6 +272,7 @@ async fn build(
         (client, conn),
         db,
         identity,
+        state,
     ));
     if let Some(addr) = worker.config.metrics_addr {
         crate::metrics::server::serve(
@@ -279,15 +301,22 @@ fn new_worker(
     ),
     db: Option<crate::connections::db::Db>,
     identity: String,
+    redis_state: Arc<crate::process::redis_state::RedisState>,
 ) -> Worker {
-    let fetch =
-        crate::fetch::FetchStrategy::new(config.fetch, &identity, conn.clone(), shutdown.clone());
+    let mut metrics = crate::metrics::prometheus::Metrics::default();
+    metrics.redis = redis_state;
+    let metrics = Arc::new(metrics);
+    let fetch = crate::fetch::FetchStrategy::new(
+        config.fetch,
+        &identity,
+        (conn.clone(), metrics.redis.clone()),
+        shutdown.clone(),
+    );
     let liveness = if fetch.recovers_orphans() {
         crate::process::liveness::Liveness::new()
     } else {
         crate::process::liveness::Liveness::disabled()
     };
-    let metrics = Arc::new(crate::metrics::prometheus::Metrics::default());
     metrics.know_classes(registry.classes());
     let locks_record = Worker::locks_record_for(&identity, &fetch);
     let worker = Worker {

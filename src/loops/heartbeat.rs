@@ -1,11 +1,12 @@
-//! The heartbeat, as Sidekiq's launcher.rb `❤`: every beat one MULTI writes `processes`,
-//! the `<identity>` hash (info, busy, beat, quiet, rss, rtt_us, concurrency; TTL 60), the work
-//! hash under `<identity>:workers` (read by Sidekiq <= 6.4.1) and `<identity>:work` (6.4.2+),
-//! the `stat:processed`/`stat:failed` deltas and their dated keys, our liveness key
-//! `playguard:alive:<identity>` and the `playguard:fetchers` registry, and pops one remote
-//! signal from `<identity>-signals`. It also reads the oldest job of each of our queues
-//! (`LINDEX queue:<q> -1`, read only) for the queue-latency gauge. `clear` undoes the process
-//! entries at a clean stop.
+//! The heartbeat, as Sidekiq's launcher.rb `❤`: every beat first refreshes our liveness key
+//! `playguard:alive:<identity>` on its own (`SET .. GET`, or `EXPIRE` while Redis refuses
+//! writes for want of memory), learning whether it had vanished; then one MULTI writes
+//! `processes`, the `<identity>` hash (info, busy, beat, quiet, rss, rtt_us, concurrency; TTL
+//! 60), the work hash under `<identity>:workers` (read by Sidekiq <= 6.4.1) and
+//! `<identity>:work` (6.4.2+), the `stat:processed`/`stat:failed` deltas and their dated keys,
+//! the `playguard:fetchers` registry, and pops one remote signal from `<identity>-signals`.
+//! Then the read-only checks: each queue's head and type (`queue_heads.rs`, `queue:<q>`) and
+//! the eviction policy (`eviction.rs`). `clear` undoes the process entries at a clean stop.
 
 use crate::process::identity::{hostname, pid_namespace};
 use crate::process::liveness::{alive_key, ALIVE_TTL_SECS, FETCHERS_KEY};
@@ -90,35 +91,134 @@ pub fn work_entry_json(e: &crate::process::slots::SlotEntry) -> String {
     entry.to_string()
 }
 
-/// One beat. Returns the remote signal popped, if any.
-pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
-    // The metrics endpoint reads live busy slots from the same table the heartbeat publishes.
+/// What a beat did to our liveness lease (reliable fetch only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// No lease kept (basic fetch).
+    NotKept,
+    /// The alive key was refreshed; `existed`: it was still there before (false on a first
+    /// beat, or after it vanished: evicted, flushed, a failover to a replica that lacked it).
+    Refreshed { existed: bool },
+    /// The key was gone and could not be written again (Redis refuses writes: OOM).
+    Missing,
+}
+
+/// What one beat brought back.
+pub struct Beat {
+    pub lease: Lease,
+    /// The remote signal popped, if any.
+    pub signal: Option<String>,
+}
+
+/// One beat: the lease first, on its own (it must land even when Redis refuses the Sidekiq
+/// writes for want of memory), then one MULTI of the Sidekiq writes, then the read-only checks
+/// (queue heads, eviction policy), whose failures never fail the beat.
+pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Beat> {
     let mut conn = worker.conn.clone();
     let rtt_us = ping_rtt_us(&mut conn).await?;
+    let lease = if worker.fetch.recovers_orphans() {
+        refresh_lease(&mut conn, &worker.identity).await?
+    } else {
+        Lease::NotKept
+    };
+    let signal = process_writes(worker, &mut conn, info, rtt_us).await?;
+    worker
+        .metrics
+        .last_redis_ok_ms
+        .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+    super::queue_heads::read(worker, &mut conn).await;
+    super::eviction::check(worker, &mut conn).await;
+    Ok(Beat { lease, signal })
+}
 
-    let id = &worker.identity;
+/// Refresh `playguard:alive:<identity>` and learn whether it still existed: `SET .. GET`, or,
+/// when Redis refuses it for want of memory (SET is denyoom), `EXPIRE`, which it accepts and
+/// which keeps an existing key alive just as well.
+async fn refresh_lease(
+    conn: &mut crate::connections::redis_conn::Conn,
+    id: &str,
+) -> redis::RedisResult<Lease> {
+    let key = alive_key(id);
+    let set = redis::cmd("SET")
+        .arg(&key)
+        .arg(1)
+        .arg("EX")
+        .arg(ALIVE_TTL_SECS)
+        .arg("GET")
+        .query_async::<Option<Vec<u8>>>(conn)
+        .await;
+    match set {
+        Ok(old) => Ok(Lease::Refreshed {
+            existed: old.is_some(),
+        }),
+        Err(e) if is_oom(&e) => {
+            let n: i64 = redis::cmd("EXPIRE")
+                .arg(&key)
+                .arg(ALIVE_TTL_SECS)
+                .query_async(conn)
+                .await?;
+            Ok(if n == 1 {
+                Lease::Refreshed { existed: true }
+            } else {
+                Lease::Missing
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether Redis refused a write for want of memory (maxmemory reached, noeviction), also as
+/// the reason a MULTI was discarded.
+pub fn is_oom(e: &redis::RedisError) -> bool {
+    // A discarded MULTI reports each queued command's error inside its own text.
+    let text = e.to_string();
+    e.code() == Some("OOM") || text.contains("\"OOM\"") || text.contains("OOM command not allowed")
+}
+
+/// The Sidekiq process entries, the counters and our fetchers entry, in one MULTI, and the
+/// remote signal popped with them. Under OOM Redis refuses the MULTI: the counters are kept
+/// for the next beat, the state is marked (fetch pauses, `/health` says why) and the beat
+/// still counts, its lease having landed on its own.
+async fn process_writes(
+    worker: &Worker,
+    conn: &mut crate::connections::redis_conn::Conn,
+    info: &str,
+    rtt_us: u64,
+) -> redis::RedisResult<Option<String>> {
     let snapshot = worker.slots.snapshot();
-    let busy = snapshot.len();
     let (processed, failed) = worker.slots.take_counts();
-
     let mut pipe = redis::pipe();
     pipe.atomic();
     add_stat_deltas(&mut pipe, processed, failed);
     worker.job_metrics.flush_into(&mut pipe);
-    add_work_hashes(&mut pipe, id, &snapshot);
-    add_process_hash(&mut pipe, worker, info, busy, rtt_us);
+    add_work_hashes(&mut pipe, &worker.identity, &snapshot);
+    add_process_hash(&mut pipe, worker, info, snapshot.len(), rtt_us);
     if worker.fetch.recovers_orphans() {
-        add_liveness(&mut pipe, worker);
+        add_fetchers_entry(&mut pipe, worker);
     }
-    let queues = worker.config.queues.names();
-    add_latency_reads(&mut pipe, &queues);
-    pipe.rpop(format!("{id}-signals"), None);
-    // Bytes: a non-UTF-8 job at a queue's tail must not fail the whole beat.
-    match pipe.query_async::<Vec<Option<Vec<u8>>>>(&mut conn).await {
-        Ok(replies) => Ok(read_replies(worker, &queues, replies)),
+    pipe.rpop(format!("{}-signals", worker.identity), None);
+    // Bytes: a signal that is not UTF-8 must not fail the whole beat.
+    let r = pipe.query_async::<Vec<Option<Vec<u8>>>>(conn).await;
+    let oom = matches!(&r, Err(e) if is_oom(e));
+    if worker.metrics.redis.set_oom(oom) {
+        if oom {
+            tracing::error!("Redis is out of memory (maxmemory reached, writes refused): fetching paused; running jobs go on, their outcomes are retried until they land");
+        } else {
+            tracing::warn!("Redis accepts writes again: fetching resumes");
+        }
+    }
+    match r {
+        Ok(mut replies) => Ok(replies
+            .pop()
+            .flatten()
+            .map(|s| String::from_utf8_lossy(&s).into_owned())),
         Err(e) => {
             worker.slots.restore_counts(processed, failed);
-            Err(e)
+            if oom {
+                Ok(None)
+            } else {
+                Err(e)
+            }
         }
     }
 }
@@ -174,58 +274,17 @@ fn add_process_hash(
     pipe.expire(id, PROCESS_TTL_SECS).ignore();
 }
 
-/// Refresh our liveness key and our `playguard:fetchers` entry (reliable fetch only).
-fn add_liveness(pipe: &mut redis::Pipeline, worker: &Worker) {
-    let id = &worker.identity;
-    pipe.set_ex(alive_key(id), 1, ALIVE_TTL_SECS as u64)
-        .ignore();
+/// Our `playguard:fetchers` entry (reliable fetch only).
+fn add_fetchers_entry(pipe: &mut redis::Pipeline, worker: &Worker) {
     // The queues tell a sweeper which working lists are ours; `ns` says which kernel and
     // pid namespace our pid lives in, so only a process that shares both may judge us
     // dead by our pid (same hostname is not enough across containers).
     pipe.hset(
         FETCHERS_KEY,
-        id,
+        &worker.identity,
         json!({"queues": worker.config.queues.names(), "ns": pid_namespace()}).to_string(),
     )
     .ignore();
-}
-
-/// Read the oldest job of each queue, for the queue-latency gauge.
-fn add_latency_reads(pipe: &mut redis::Pipeline, queues: &[String]) {
-    // Queue latency, cheaply: the oldest job (right end, where BRPOP takes from) of each of
-    // our queues, one LINDEX each inside the same MULTI. Replies come back in order, before
-    // the signal.
-    for q in queues {
-        pipe.lindex(crate::job::queues::queue_key(q), -1);
-    }
-}
-
-/// After a beat that went through: note Redis answered, set each queue's latency from its
-/// oldest job, and return the remote signal popped (the last reply), if any.
-fn read_replies(
-    worker: &Worker,
-    queues: &[String],
-    mut replies: Vec<Option<Vec<u8>>>,
-) -> Option<String> {
-    worker
-        .metrics
-        .last_redis_ok_ms
-        .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
-    let signal = replies
-        .pop()
-        .flatten()
-        .map(|s| String::from_utf8_lossy(&s).into_owned());
-    let now = crate::job::payload::now_f64();
-    for (q, oldest) in queues.iter().zip(replies.iter()) {
-        worker.metrics.set_latency(
-            q,
-            latency_secs(
-                oldest.as_deref().and_then(|b| std::str::from_utf8(b).ok()),
-                now,
-            ),
-        );
-    }
-    signal
 }
 
 /// INCRBY the lifetime and dated counters (dated keys kept 5 years), as Sidekiq 7 does:

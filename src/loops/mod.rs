@@ -1,8 +1,11 @@
 //! The side loops one worker runs beside its fetch: the heartbeat (Sidekiq's process keys and
-//! our lease), the sweeper (dead processes' jobs and locks), the scheduled poller (`retry` and
-//! `schedule`) and the periodic fan-out. Keys: those of each loop.
+//! our lease, with its read-only checks of the queues' keys and of the eviction policy), the
+//! sweeper (dead processes' jobs and locks), the scheduled poller (`retry` and `schedule`) and
+//! the periodic fan-out. Keys: those of each loop.
 
+pub mod eviction;
 pub mod heartbeat;
 pub mod periodic;
+pub mod queue_heads;
 pub mod scheduled;
 pub mod sweeper;

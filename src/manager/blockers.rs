@@ -55,6 +55,21 @@ impl Blocker {
     }
 }
 
+/// A dedicated connection for one blocker, its client id noted for `CLIENT UNBLOCK`.
+async fn connect(
+    worker: &Worker,
+    client_id: &AtomicI64,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let mut c = crate::connections::redis_conn::dedicated(&worker.client).await?;
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut c)
+        .await
+        .unwrap_or(-1);
+    client_id.store(id, Ordering::SeqCst);
+    Ok(c)
+}
+
 /// Start blocker `index`, waiting on `wait` each time it is armed.
 pub fn spawn(
     index: usize,
@@ -87,16 +102,8 @@ pub fn spawn(
                 return;
             }
             if conn.is_none() {
-                match crate::connections::redis_conn::dedicated(&worker.client).await {
-                    Ok(mut c) => {
-                        let id: i64 = redis::cmd("CLIENT")
-                            .arg("ID")
-                            .query_async(&mut c)
-                            .await
-                            .unwrap_or(-1);
-                        client_id.store(id, Ordering::SeqCst);
-                        conn = Some(c);
-                    }
+                match connect(&worker, &client_id).await {
+                    Ok(c) => conn = Some(c),
                     Err(e) => {
                         tracing::warn!(error = %e, "fetch: cannot connect to Redis; retrying in 1s");
                         tokio::time::sleep(ERROR_PAUSE).await;
@@ -108,6 +115,13 @@ pub fn spawn(
             let c = conn.as_mut().expect("connected above");
             let epoch = worker.liveness.epoch();
             let order = worker.config.queues.order();
+            if worker.fetch.wait_skipped(&wait, &order) {
+                // A key of the wrong type would answer WRONGTYPE at once, every time: idle
+                // for as long as a pop would have waited (the heartbeat sees it fixed).
+                tokio::time::sleep(Duration::from_secs_f64(BLOCK_TIMEOUT_SECS)).await;
+                send(None, false);
+                continue;
+            }
             let cmd = worker.fetch.wait_cmd(&wait, &order, BLOCK_TIMEOUT_SECS);
             let res = match cmd.query_async::<redis::Value>(c).await {
                 Ok(v) => worker.fetch.delivered(&wait, v, epoch),

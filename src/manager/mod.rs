@@ -283,6 +283,14 @@ impl FetchLoop {
                 _ = worker.shutdown.quieted() => Err(Quieted),
             };
         }
+        // Redis refuses writes for want of memory: a job fetched now could not record its
+        // outcome, so fetching pauses (the heartbeat logged it and sees it end).
+        if worker.metrics.redis.is_oom() {
+            return tokio::select! {
+                _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
+                _ = worker.shutdown.quieted() => Err(Quieted),
+            };
+        }
         // Queues busy: take what the free slots can run. Only when that finds nothing do we
         // block.
         let order = worker.config.queues.order();

@@ -2,5 +2,6 @@
 //! counters behind the Sidekiq Web UI's Metrics tab. Keys: those of `sidekiq_tab.rs`.
 
 pub mod prometheus;
+pub mod redis_gauges;
 pub mod server;
 pub mod sidekiq_tab;

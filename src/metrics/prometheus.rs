@@ -72,6 +72,8 @@ pub struct Metrics {
     latency: Mutex<BTreeMap<String, f64>>,
     /// Unix ms of the last successful heartbeat write.
     pub last_redis_ok_ms: AtomicI64,
+    /// Eviction policy, OOM, wrong-type queues (`process/redis_state.rs`), shared with fetch.
+    pub redis: std::sync::Arc<crate::process::redis_state::RedisState>,
     fetched: AtomicU64,
     fetch_calls: AtomicU64,
     /// The slot table, once the launcher attached it; busy slots read 0 before that.
@@ -349,6 +351,7 @@ impl Metrics {
             write_samples(&mut out, fname, &counters, &histograms);
         }
         self.write_singles(&mut out);
+        super::redis_gauges::write(&mut out, &self.redis);
         out
     }
 
@@ -451,7 +454,7 @@ fn write_samples(
     }
 }
 
-fn escape(s: &str) -> String {
+pub fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

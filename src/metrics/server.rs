@@ -80,10 +80,17 @@ fn route(path: &str, metrics: &Metrics, beat_ms: i64) -> (&'static str, String, 
         // The last good beat is at most one interval plus that beat's own round trip old
         // while Redis answers; two intervals means at least one whole beat went unanswered
         // (a beat that hangs on a silent Redis counts too).
-        "/health" if metrics.healthy(beat_ms * 2) => ("200 OK", "ok\n".to_string(), "text/plain"),
+        "/health" if metrics.healthy(beat_ms * 2) => (
+            "200 OK",
+            format!("ok\n{}", super::redis_gauges::health_detail(&metrics.redis)),
+            "text/plain",
+        ),
         "/health" => (
             "503 Service Unavailable",
-            "redis unreachable\n".to_string(),
+            format!(
+                "redis unreachable\n{}",
+                super::redis_gauges::health_detail(&metrics.redis)
+            ),
             "text/plain",
         ),
         _ => ("404 Not Found", "not found\n".to_string(), "text/plain"),

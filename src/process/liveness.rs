@@ -93,6 +93,22 @@ impl Liveness {
         ended
     }
 
+    /// Our alive key was found gone (it had been refreshed before): a lapse now, whatever
+    /// the deadline says. Returns true when that starts a lapse (not on a first beat, nor
+    /// when the lease had lapsed already).
+    pub fn vanished(&self) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        self.observe();
+        tx.send_if_modified(|s| {
+            if s.deadline.is_none() || s.lapsed {
+                return false;
+            }
+            s.lapsed = true;
+            s.lapses += 1;
+            true
+        })
+    }
+
     /// The lapse count now (a lapse in progress counted).
     pub fn epoch(&self) -> u64 {
         self.observe();
@@ -223,6 +239,22 @@ mod tests {
         assert!(l.lapsed_since(e), "a job from before the lapse still knows");
         assert!(!l.lapsed_since(l.epoch()));
         assert_eq!(l.guardian_budget(), Some(ttl.as_secs() + 1));
+    }
+
+    #[tokio::test]
+    async fn a_vanished_key_is_a_lapse_now_but_not_on_the_first_beat() {
+        let l = Liveness::new();
+        assert!(!l.vanished(), "no beat yet: a first beat finds no key");
+        l.refreshed(Instant::now());
+        let e = l.epoch();
+        assert!(l.vanished(), "gone after a beat landed: lapsed now");
+        assert!(!l.is_live() && l.lapsed_since(e));
+        assert!(!l.vanished(), "counted once");
+        tokio::time::timeout(Duration::from_millis(100), l.lapse_after(e))
+            .await
+            .expect("a job's watch sees it at once");
+        assert!(l.refreshed(Instant::now()), "the next landed beat ends it");
+        assert!(l.lapsed_since(e));
     }
 
     #[tokio::test]

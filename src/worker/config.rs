@@ -31,6 +31,8 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// The application's PostgreSQL (`DATABASE_URL` / `--database-url`), if any.
     pub database_url: Option<String>,
+    /// `--allow-eviction`: run reliable fetch on a Redis whose maxmemory-policy may evict keys.
+    pub allow_eviction: bool,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -55,6 +57,7 @@ impl Default for Config {
             sidekiq_metrics: crate::metrics::sidekiq_tab::Mode::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             database_url: None,
+            allow_eviction: false,
         }
     }
 }

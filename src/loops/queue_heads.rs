@@ -1,0 +1,66 @@
+//! The heartbeat's read-only look at each served queue, in one `lua/queue_heads.lua` call
+//! outside the beat's MULTI: the oldest job of `queue:<q>` (for the queue-latency gauge) and
+//! whether `queue:<q>` and our `playguard:working:<identity>:<q>` hold lists. A queue whose key
+//! holds another type is marked broken (logged once, naming the key; fetch then skips it, see
+//! `process/redis_state.rs`) and marked fine again once the key is fixed. Nothing here can fail
+//! a beat: the beat is judged on its own writes.
+
+use crate::job::queues::queue_key;
+use crate::worker::Worker;
+
+static QUEUE_HEADS: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/queue_heads.lua")));
+
+/// Read every served queue's head and type; update the latency gauge and the broken queues.
+pub async fn read(worker: &Worker, conn: &mut crate::connections::redis_conn::Conn) {
+    let queues = worker.config.queues.names();
+    let mut inv = QUEUE_HEADS.prepare_invoke();
+    for q in &queues {
+        inv.key(queue_key(q));
+    }
+    if worker.fetch.recovers_orphans() {
+        for q in &queues {
+            inv.key(crate::fetch::working_key(&worker.identity, q));
+        }
+    }
+    inv.arg(queues.len());
+    let replies: Vec<redis::Value> = match inv.invoke_async(conn).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "heartbeat: could not read the queues' heads");
+            return;
+        }
+    };
+    let now = crate::job::payload::now_f64();
+    for (q, reply) in queues.iter().zip(replies.iter()) {
+        match reply {
+            redis::Value::Array(bad) => mark_broken(worker, q, bad),
+            head => {
+                if worker.metrics.redis.mark_fine(q) {
+                    tracing::warn!(queue = %q, "queue {q}'s keys hold lists again: fetching from it resumes");
+                }
+                let oldest = match head {
+                    redis::Value::BulkString(b) => std::str::from_utf8(b).ok(),
+                    _ => None,
+                };
+                worker
+                    .metrics
+                    .set_latency(q, super::heartbeat::latency_secs(oldest, now));
+            }
+        }
+    }
+}
+
+/// `bad` is `[key, type]`: mark the queue broken, logging it the first time.
+fn mark_broken(worker: &Worker, queue: &str, bad: &[redis::Value]) {
+    let text = |v: Option<&redis::Value>| match v {
+        Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        _ => "?".to_string(),
+    };
+    let (key, kind) = (text(bad.first()), text(bad.get(1)));
+    let why = format!("{key} holds a {kind}, not a list");
+    if worker.metrics.redis.mark_broken(queue, why.clone()) {
+        tracing::error!(queue, key = %key,
+            "{why}: queue {queue} is skipped by fetch and the heartbeat until the key is fixed (deleted or made a list)");
+    }
+}
