@@ -115,6 +115,9 @@ struct RunArgs {
     /// Payloads longer than this many bytes go to the dead set unparsed. Default 10 MB.
     #[arg(long = "max-payload-bytes")]
     max_payload_bytes: Option<usize>,
+    /// A job interrupted by shutdown more than N times goes to dead. Default 3.
+    #[arg(long = "max-interruptions")]
+    max_interruptions: Option<u32>,
     /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -237,6 +240,9 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
     }
     if let Some(n) = a.max_payload_bytes {
         c.max_payload_bytes = n;
+    }
+    if let Some(n) = a.max_interruptions {
+        c.max_interruptions = n;
     }
     if c.concurrency == 0 {
         return Err("concurrency must be at least 1".into());

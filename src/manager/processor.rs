@@ -330,12 +330,44 @@ fn settle<'a>(
             worker.slots.count(true);
             if lease.lapsed() {
                 tracing::info!(elapsed_ms = ms, "stopped: liveness lease lapsed");
-            } else {
-                tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+                return Some(Box::pin(
+                    async move { worker.fetch.requeue_logged(&f).await },
+                ));
             }
-            Some(Box::pin(
-                async move { worker.fetch.requeue_logged(&f).await },
-            ))
+            Some(interrupted(worker, f, job, ms))
+        }
+    }
+}
+
+/// A run its shutdown interrupted: back on its queue with its count raised, or, past the
+/// limit, to dead (`job/interrupted.rs`).
+fn interrupted<'a>(
+    worker: &'a Worker,
+    f: UnitOfWork,
+    job: &Job,
+    ms: f64,
+) -> crate::job::handler::BoxFuture<'a, ()> {
+    use crate::job::interrupted::{on_shutdown, Interrupted};
+    match on_shutdown(job, worker.config.max_interruptions) {
+        Interrupted::Requeue(instead) => {
+            tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+            Box::pin(async move { worker.fetch.requeue_as_logged(&f, Some(instead)).await })
+        }
+        Interrupted::Settle(decision) => {
+            tracing::warn!(
+                elapsed_ms = ms,
+                error_class = error_class::INTERRUPTED,
+                max = worker.config.max_interruptions,
+                "interrupted by shutdown too often: {}",
+                if decision == Decision::Discard {
+                    "dropped (dead: false)"
+                } else {
+                    "moved to dead"
+                }
+            );
+            let mut pipe = redis::pipe();
+            retry::add_to_pipeline(&mut pipe, &decision);
+            Box::pin(async move { worker.fetch.settle(&f, pipe).await })
         }
     }
 }

@@ -32,6 +32,8 @@ pub struct Config {
     pub max_payload_bytes: usize,
     /// The application's PostgreSQL (`DATABASE_URL` / `--database-url`), if any.
     pub database_url: Option<String>,
+    /// Shutdown requeues a job gets before it goes to dead (`--max-interruptions`).
+    pub max_interruptions: u32,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -56,6 +58,7 @@ impl Default for Config {
             sidekiq_metrics: crate::metrics::sidekiq_tab::Mode::default(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             database_url: None,
+            max_interruptions: crate::job::interrupted::DEFAULT_MAX_INTERRUPTIONS,
         }
     }
 }
