@@ -87,3 +87,70 @@ fn poison_pill_with_dead_false_is_dropped() {
     );
     w.stop(Duration::from_secs(15));
 }
+
+/// Pro's `expires_at`: an expired job is dropped with one line naming its jid, an unexpired
+/// one runs. Enterprise `unique_for`/`unique_until`, Pro `bid` and Enterprise `encrypt` go to
+/// dead as `Playguard::Unsupported`, whatever `retry` says, with a message naming the option.
+#[test]
+fn expires_at_honoured_and_unsupported_options_refused() {
+    if !ruby_available() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let p = Project::with_jobs(&[(
+        "RecordJob",
+        "record",
+        "#!/bin/sh\necho \"$PLAYGUARD_ARGS\" >> ran.txt\n",
+    )]);
+    let out = ruby(
+        &redis,
+        r#"
+push = ->(extra) { Sidekiq::Client.push({"class" => "RecordJob"}.merge(extra)) }
+puts push.({"args" => ["expired"], "expires_at" => Time.now.to_f - 5})
+push.({"args" => ["fresh"], "expires_at" => Time.now.to_f + 3600})
+push.({"args" => ["unique"], "unique_for" => 3600})
+push.({"args" => ["until"], "unique_for" => 60, "unique_until" => "start"})
+push.({"args" => ["batch"], "bid" => "b1c2d3", "retry" => false})
+push.({"args" => ["secret"], "encrypt" => true, "dead" => false})
+push.({"args" => ["plain"], "encrypt" => false})
+"#,
+    );
+    let expired_jid = out.trim().to_string();
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
+    let dead = || {
+        ruby(
+            &redis,
+            "puts JSON.generate(Sidekiq::DeadSet.new.map { |j| [j.args[0], j['error_class'], j['error_message']] }.sort)",
+        )
+    };
+    let mut entries = Vec::new();
+    wait_until("four refused jobs in dead", Duration::from_secs(30), || {
+        entries = serde_json::from_str::<Vec<(String, String, String)>>(dead().trim()).unwrap();
+        entries.len() == 4
+    });
+    let names: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(names, ["batch", "secret", "unique", "until"]);
+    for (arg, class, message) in &entries {
+        assert_eq!(class, "Playguard::Unsupported");
+        let option = match arg.as_str() {
+            "batch" => "`bid`",
+            "secret" => "`encrypt`",
+            _ => "`unique_for`",
+        };
+        assert!(message.contains(option), "{message}");
+        assert!(message.contains("Ruby Sidekiq"), "{message}");
+    }
+    wait_until("the runnable jobs ran", Duration::from_secs(20), || {
+        p.lines("ran.txt").len() == 2
+    });
+    let mut ran = p.lines("ran.txt");
+    ran.sort();
+    assert_eq!(ran, [r#"["fresh"]"#, r#"["plain"]"#]);
+    w.wait_for_line(
+        &format!("job {expired_jid} expired"),
+        Duration::from_secs(10),
+    );
+    assert_eq!(w.count_lines(&format!("job {expired_jid} expired")), 1);
+    assert_eq!(redis.llen("queue:default"), 0);
+    w.stop(Duration::from_secs(15));
+}

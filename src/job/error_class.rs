@@ -24,5 +24,8 @@ pub const LOCK_ERROR: &str = "Playguard::LockError";
 pub const POISON_PILL: &str = "Playguard::PoisonPill";
 /// error_class of a job interrupted by shutdown more often than allowed (job/interrupted.rs).
 pub const INTERRUPTED: &str = "Playguard::Interrupted";
+/// error_class of a job carrying a Pro or Enterprise option playguard cannot honour exactly
+/// (job/options.rs).
+pub const UNSUPPORTED: &str = "Playguard::Unsupported";
 /// A Rust handler or a phase that panicked.
 pub const PANIC: &str = "Playguard::Panic";

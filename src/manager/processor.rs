@@ -5,6 +5,7 @@
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::error_class;
 use crate::job::handler::{Handler, JobContext, Outcome};
+use crate::job::options::NotRun;
 use crate::job::payload::Job;
 use crate::job::retry::{self, Decision, Failure};
 use crate::metrics::prometheus::{JobEnd, JobFate};
@@ -119,6 +120,9 @@ async fn run_job(
         tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
         Box::pin(worker.fetch.requeue_logged(&f)).await;
         return;
+    }
+    if let Some(why) = crate::job::options::not_run(&job, crate::job::payload::now_f64()) {
+        return Box::pin(not_run(worker, f, why, &shown, &jid)).await;
     }
     let run_at = wall_secs();
     let slot = Arc::new(worker.slots.begin(SlotEntry {
@@ -337,6 +341,32 @@ fn settle<'a>(
             Some(interrupted(worker, f, job, ms))
         }
     }
+}
+
+/// A job its Pro or Enterprise options keep from running (`job/options.rs`): expired, it is
+/// dropped with one line; with an option playguard refuses, it goes to dead as
+/// `Playguard::Unsupported` (whatever its `retry` and `dead`: the job is kept for a Ruby process).
+async fn not_run(worker: &Worker, f: UnitOfWork, why: NotRun, shown: &str, jid: &str) {
+    let why = match why {
+        NotRun::Expired(at) => {
+            worker.slots.count(false);
+            tracing::info!("job {jid} expired (expires_at {at}): dropped, not run");
+            return worker.fetch.acknowledge(f);
+        }
+        NotRun::Refused(why) => why,
+    };
+    worker.slots.count(true);
+    worker.metrics.job_fate(shown, &f.queue, JobFate::Dead);
+    tracing::error!(
+        error_class = error_class::UNSUPPORTED,
+        "job {jid} not run: {why}"
+    );
+    let mut pipe = redis::pipe();
+    retry::add_dead(
+        &mut pipe,
+        &retry::dead_entry(&f.raw, error_class::UNSUPPORTED, &why),
+    );
+    worker.fetch.settle(&f, pipe).await;
 }
 
 /// A run its shutdown interrupted: back on its queue with its count raised, or, past the
