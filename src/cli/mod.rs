@@ -432,8 +432,34 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
             if let Some(line) = database {
                 println!("ok: {line}");
             }
+            print_schedules(&m.periodic);
             0
         }
+    }
+}
+
+/// Each `[[periodic]]` entry's next three run times, in its own zone.
+fn print_schedules(periodic: &[crate::manifest::PeriodicSpec]) {
+    let now = chrono::Utc::now().timestamp();
+    for p in periodic {
+        let (what, times): (String, Vec<String>) = match (&p.schedule, p.every_secs) {
+            (Some(c), _) => (
+                format!("cron {:?} in {}", c.line(), c.tz()),
+                c.upcoming(now, 3).iter().map(|t| t.to_rfc3339()).collect(),
+            ),
+            (None, Some(every)) => (
+                format!("every {every} s"),
+                (1..=3)
+                    .filter_map(|i| {
+                        let at = (now as u64 / every + i) * every;
+                        chrono::DateTime::from_timestamp(at as i64, 0)
+                    })
+                    .map(|t| t.to_rfc3339())
+                    .collect(),
+            ),
+            (None, None) => continue,
+        };
+        println!("periodic {:?}: {what}; next {}", p.name, times.join(", "));
     }
 }
 
