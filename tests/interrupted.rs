@@ -8,7 +8,16 @@ use std::time::Duration;
 use support::*;
 
 #[test]
-fn a_job_interrupted_more_than_three_times_goes_to_dead() {
+fn a_job_interrupted_more_than_three_times_goes_to_dead_reliable_fetch() {
+    interrupted_four_times("reliable");
+}
+
+#[test]
+fn a_job_interrupted_more_than_three_times_goes_to_dead_basic_fetch() {
+    interrupted_four_times("basic");
+}
+
+fn interrupted_four_times(fetch: &str) {
     let redis = RedisServer::start();
     let p = Project::new();
     p.script(
@@ -23,7 +32,7 @@ fn a_job_interrupted_more_than_three_times_goes_to_dead() {
     for round in 1..=4 {
         let mut w = Worker::builder(&redis)
             .jobs(p.path())
-            .args(["-t", "1"])
+            .args(["-t", "1", "--fetch", fetch])
             .start();
         wait_until("the job started", Duration::from_secs(30), || {
             p.lines("started.txt").len() == round
