@@ -42,9 +42,13 @@ pub enum NotRun {
     Refused(String),
 }
 
-/// Whether the job's options keep it from running now (None: run it).
-pub fn not_run(job: &Job, now: f64) -> Option<NotRun> {
-    expired(job, now)
+/// Whether the job's options keep it from running now (None: run it). The clock is read only
+/// for a job that has `expires_at`.
+pub fn not_run(job: &Job) -> Option<NotRun> {
+    let expired_at = job
+        .option("expires_at")
+        .and_then(|_| expired(job, crate::job::payload::now_f64()));
+    expired_at
         .map(NotRun::Expired)
         .or_else(|| refused(job).map(NotRun::Refused))
 }

@@ -121,7 +121,7 @@ async fn run_job(
         Box::pin(worker.fetch.requeue_logged(&f)).await;
         return;
     }
-    if let Some(why) = crate::job::options::not_run(&job, crate::job::payload::now_f64()) {
+    if let Some(why) = crate::job::options::not_run(&job) {
         return Box::pin(not_run(worker, f, why, &shown, &jid)).await;
     }
     let run_at = wall_secs();
