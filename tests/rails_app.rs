@@ -55,7 +55,7 @@ Rails.application.routes.draw do
 end
 "#;
 
-const SIDEKIQ_YML: &str = r#":concurrency: 3
+const SIDEKIQ_YML: &str = r#":concurrency: <%= ENV.fetch("SIDEKIQ_CONCURRENCY", 3) %>
 :timeout: 20
 :queues:
   - default

@@ -115,6 +115,9 @@ struct RunArgs {
     /// Payloads longer than this many bytes go to the dead set unparsed. Default 10 MB.
     #[arg(long = "max-payload-bytes")]
     max_payload_bytes: Option<usize>,
+    /// A job interrupted by shutdown more than N times goes to dead. Default 3.
+    #[arg(long = "max-interruptions")]
+    max_interruptions: Option<u32>,
     /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
@@ -242,6 +245,9 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
     }
     if let Some(n) = a.max_payload_bytes {
         c.max_payload_bytes = n;
+    }
+    if let Some(n) = a.max_interruptions {
+        c.max_interruptions = n;
     }
     if c.concurrency == 0 {
         return Err("concurrency must be at least 1".into());
@@ -431,8 +437,34 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
             if let Some(line) = database {
                 println!("ok: {line}");
             }
+            print_schedules(&m.periodic);
             0
         }
+    }
+}
+
+/// Each `[[periodic]]` entry's next three run times, in its own zone.
+fn print_schedules(periodic: &[crate::manifest::PeriodicSpec]) {
+    let now = chrono::Utc::now().timestamp();
+    for p in periodic {
+        let (what, times): (String, Vec<String>) = match (&p.schedule, p.every_secs) {
+            (Some(c), _) => (
+                format!("cron {:?} in {}", c.line(), c.tz()),
+                c.upcoming(now, 3).iter().map(|t| t.to_rfc3339()).collect(),
+            ),
+            (None, Some(every)) => (
+                format!("every {every} s"),
+                (1..=3)
+                    .filter_map(|i| {
+                        let at = (now as u64 / every + i) * every;
+                        chrono::DateTime::from_timestamp(at as i64, 0)
+                    })
+                    .map(|t| t.to_rfc3339())
+                    .collect(),
+            ),
+            (None, None) => continue,
+        };
+        println!("periodic {:?}: {what}; next {}", p.name, times.join(", "));
     }
 }
 

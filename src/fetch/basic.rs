@@ -75,11 +75,16 @@ impl BasicFetch {
 
     /// Push an unfinished job back onto its queue. There is no working list to keep it in, so
     /// when the queue key holds another type the job goes to `dead` with the reason.
-    pub async fn requeue(&self, job: &UnitOfWork) -> redis::RedisResult<bool> {
+    /// `instead`: the bytes that go back in its place (the same job, its shutdown count raised).
+    pub async fn requeue(
+        &self,
+        job: &UnitOfWork,
+        instead: Option<&[u8]>,
+    ) -> redis::RedisResult<bool> {
         let mut conn = self.conn.clone();
         let pushed: redis::RedisResult<i64> = redis::cmd("RPUSH")
             .arg(job.queue_key())
-            .arg(&job.raw)
+            .arg(instead.unwrap_or(&job.raw))
             .query_async(&mut conn)
             .await;
         match pushed {

@@ -59,7 +59,7 @@ pub struct FetchStrategy {
     state: Arc<RedisState>,
     /// Jobs stopped and meant to go back to their queues while Redis could not be reached:
     /// retried after every heartbeat that lands, so none stays in our working list for good.
-    deferred_requeues: Mutex<Vec<UnitOfWork>>,
+    deferred_requeues: Mutex<Vec<(UnitOfWork, Option<Vec<u8>>)>>,
 }
 
 impl FetchStrategy {
@@ -244,31 +244,44 @@ impl FetchStrategy {
         }
     }
 
-    /// Push an unfinished job back to its queue, once. `Ok(false)`: it was no longer ours (the
-    /// orphan sweep had already returned it), nothing pushed.
-    pub async fn requeue(&self, job: &UnitOfWork) -> redis::RedisResult<bool> {
+    /// Push an unfinished job back to its queue, once, as `instead` when given (the job with
+    /// its shutdown count raised, `job/interrupted.rs`). `Ok(false)`: it was no longer ours
+    /// (the orphan sweep had already returned it), nothing pushed.
+    pub async fn requeue(
+        &self,
+        job: &UnitOfWork,
+        instead: Option<&[u8]>,
+    ) -> redis::RedisResult<bool> {
         match &self.mode {
             Mode::Reliable(r) => {
-                let pushed = r.requeue(job).await?;
+                let pushed = r.requeue(job, instead).await?;
                 // Pushed back, or returned by the sweep already: out of our list either way.
                 r.gone(job);
                 Ok(pushed)
             }
-            Mode::Basic(b) => b.requeue(job).await,
+            Mode::Basic(b) => b.requeue(job, instead).await,
         }
     }
 
     /// Requeue, logging instead of failing: with reliable fetch a job we could not push back
     /// stays in the working list and is retried after the next heartbeat that lands.
     pub async fn requeue_logged(&self, job: &UnitOfWork) {
-        match self.requeue(job).await {
+        self.requeue_as_logged(job, None).await
+    }
+
+    /// `requeue_logged`, pushing `instead` back in the job's place when given.
+    pub async fn requeue_as_logged(&self, job: &UnitOfWork, instead: Option<Vec<u8>>) {
+        match self.requeue(job, instead.as_deref()).await {
             Ok(true) => tracing::info!(queue = %job.queue, "pushed 1 job back to Redis"),
             Ok(false) => tracing::info!(queue = %job.queue,
                 "not pushed back: the orphan sweep had already returned it to its queue"),
             Err(e) if self.recovers_orphans() => {
                 tracing::error!(queue = %job.queue, error = %e,
                     "could not push the job back now; it stays in the working list and is retried after the next heartbeat");
-                self.deferred_requeues.lock().unwrap().push(job.clone());
+                self.deferred_requeues
+                    .lock()
+                    .unwrap()
+                    .push((job.clone(), instead));
             }
             Err(e) => {
                 tracing::error!(queue = %job.queue, error = %e, payload = %job.payload_lossy(),
@@ -281,8 +294,8 @@ impl FetchStrategy {
     /// deferred until Redis answers; LREM semantics keep a swept job from being pushed twice.
     pub async fn retry_deferred_requeues(&self) {
         let deferred = std::mem::take(&mut *self.deferred_requeues.lock().unwrap());
-        for job in deferred {
-            self.requeue_logged(&job).await;
+        for (job, instead) in deferred {
+            self.requeue_as_logged(&job, instead).await;
         }
     }
 

@@ -165,14 +165,19 @@ impl ReliableFetch {
 
     /// Push an unfinished job back to the head of its queue, once. `Ok(false)`: it was no
     /// longer in our working list (the orphan sweep already returned it), nothing pushed.
-    pub async fn requeue(&self, job: &UnitOfWork) -> redis::RedisResult<bool> {
+    /// `instead`: the bytes that go back in its place (the same job, its shutdown count raised).
+    pub async fn requeue(
+        &self,
+        job: &UnitOfWork,
+        instead: Option<&[u8]>,
+    ) -> redis::RedisResult<bool> {
         let mut conn = self.conn.clone();
-        let n: i64 = REQUEUE
-            .key(self.working_key(&job.queue))
-            .key(job.queue_key())
-            .arg(&job.raw)
-            .invoke_async(&mut conn)
-            .await?;
+        let mut inv = REQUEUE.key(self.working_key(&job.queue));
+        inv.key(job.queue_key()).arg(&job.raw);
+        if let Some(bytes) = instead {
+            inv.arg(bytes);
+        }
+        let n: i64 = inv.invoke_async(&mut conn).await?;
         if n < 0 {
             return Err(redis::RedisError::from((
                 redis::ErrorKind::Client,

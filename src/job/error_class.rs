@@ -22,5 +22,10 @@ pub const BAD_ARGUMENTS: &str = "Playguard::BadArguments";
 pub const LOCK_ERROR: &str = "Playguard::LockError";
 /// error_class of a job recovered from dead workers too often (a poison pill).
 pub const POISON_PILL: &str = "Playguard::PoisonPill";
+/// error_class of a job interrupted by shutdown more often than allowed (job/interrupted.rs).
+pub const INTERRUPTED: &str = "Playguard::Interrupted";
+/// error_class of a job carrying a Pro or Enterprise option playguard cannot honour exactly
+/// (job/options.rs).
+pub const UNSUPPORTED: &str = "Playguard::Unsupported";
 /// A Rust handler or a phase that panicked.
 pub const PANIC: &str = "Playguard::Panic";

@@ -6,6 +6,8 @@
 pub mod client;
 pub mod error_class;
 pub mod handler;
+pub mod interrupted;
+pub mod options;
 pub mod payload;
 pub mod queues;
 pub mod retry;

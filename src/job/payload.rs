@@ -137,7 +137,21 @@ impl Field {
     }
 }
 
-head_fields!(class, args, jid, wrapped, display_class, retry_count);
+// The last five are Pro and Enterprise options (`job/options.rs`): read on every job, so they
+// are head fields rather than a reason to parse the whole object.
+head_fields!(
+    class,
+    args,
+    jid,
+    wrapped,
+    display_class,
+    retry_count,
+    expires_at,
+    unique_for,
+    unique_until,
+    bid,
+    encrypt
+);
 
 /// A key that is there, even as `null`, is Some (as `Map::get` sees it).
 fn present<'de, D: serde::Deserializer<'de>>(
@@ -271,6 +285,19 @@ impl Job {
             .str(&self.raw)
             .or_else(|| self.wrapped())
             .unwrap_or(dispatch_class)
+    }
+
+    /// One of the Pro and Enterprise option fields (`job/options.rs`), None when absent.
+    pub fn option(&self, key: &str) -> Option<Value> {
+        let field = match key {
+            "expires_at" => &self.head.expires_at,
+            "unique_for" => &self.head.unique_for,
+            "unique_until" => &self.head.unique_until,
+            "bid" => &self.head.bid,
+            "encrypt" => &self.head.encrypt,
+            _ => return None,
+        };
+        field.value(&self.raw)
     }
 
     pub fn retry_count(&self) -> Option<i64> {

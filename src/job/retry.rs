@@ -146,7 +146,7 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
             Value::from(compress_backtrace(&lines)),
         );
     }
-    if count < max {
+    if !exhausted(&msg, count, max) {
         Decision::Retry {
             at: now_f64() + delay_secs(count),
             payload: dump(&msg),
@@ -158,6 +158,28 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
             payload: dump(&msg),
         }
     }
+}
+
+/// Whether a failed job (its `count`, already stamped) has used up its retries. With a numeric
+/// `retry_for` the window is `failed_at + retry_for` against now, as job_retry.rb 7.3, 8.0 and
+/// 8.1 compare it (`failed_at` float seconds, or integer milliseconds since 8.0). With `retry`
+/// left at `true` the count still ends it at 25 (7.3 and 8.0); with an explicit `retry: N`
+/// beside `retry_for`, 8.1's rule applies: the two are exclusive and the window alone decides.
+fn exhausted(msg: &Map<String, Value>, count: i64, max: i64) -> bool {
+    let Some(window) = msg.get("retry_for").and_then(Value::as_f64) else {
+        return count >= max;
+    };
+    if max == 0 {
+        return true; // NEVER_RETRIED, or `retry: 0`: no retry can help.
+    }
+    let failed_at = match msg.get("failed_at") {
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n.as_f64().unwrap_or(0.0) / 1000.0,
+        Some(v) => v.as_f64().unwrap_or(0.0),
+        None => 0.0,
+    };
+    let past_window = failed_at + window < now_f64();
+    let counted = matches!(msg.get("retry"), Some(Value::Bool(true))) && count >= max;
+    past_window || counted
 }
 
 /// `backtrace: true` keeps all lines, `backtrace: N` the first N; otherwise none.
@@ -282,6 +304,44 @@ mod tests {
             &Failure::new("E", "m"),
         );
         assert!(matches!(d, Decision::Dead { .. }));
+    }
+
+    #[test]
+    fn retry_for_window() {
+        let f = Failure::new("E", "m");
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let past = |failed_at: String, extra: &str| {
+            job(&format!(
+                r#"{{"retry_count":3,"failed_at":{failed_at},"retry_for":3600{extra}}}"#
+            ))
+        };
+        // Float seconds (7.3) and integer milliseconds (8.0+), one hour and a bit ago: dead.
+        let secs = format!("{:.3}", now_f64() - 3700.0);
+        assert!(matches!(
+            decide(&past(secs, r#","retry":true"#), &f),
+            Decision::Dead { .. }
+        ));
+        let ms = (now_ms - 3_700_000).to_string();
+        assert!(matches!(
+            decide(&past(ms.clone(), ""), &f),
+            Decision::Dead { .. }
+        ));
+        // ... and `dead: false` drops it instead.
+        assert_eq!(decide(&past(ms, r#","dead":false"#), &f), Decision::Discard);
+        // Inside the window: retried, even past an explicit `retry: 2` (8.1: exclusive).
+        let recent = (now_ms - 60_000).to_string();
+        assert!(matches!(
+            decide(&past(recent.clone(), r#","retry":2"#), &f),
+            Decision::Retry { .. }
+        ));
+        // With `retry: true` the count of 25 still ends it (7.3, 8.0).
+        let j = job(&format!(
+            r#"{{"retry":true,"retry_count":24,"failed_at":{recent},"retry_for":3600}}"#
+        ));
+        assert!(matches!(decide(&j, &f), Decision::Dead { .. }));
+        // A first failure starts the window now.
+        let first = job(r#"{"retry":true,"retry_for":0.5}"#);
+        assert!(matches!(decide(&first, &f), Decision::Retry { .. }));
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub fn info_json(worker: &Worker, started_at: f64) -> String {
         "pid": std::process::id(),
         "tag": cfg.tag.clone().unwrap_or_default(),
         "concurrency": cfg.concurrency,
+        "capsules": super::capsules::capsules(cfg),
         "queues": cfg.queues.names(),
         "weights": [weights],
         "labels": cfg.labels,

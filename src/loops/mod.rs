@@ -1,8 +1,10 @@
 //! The side loops one worker runs beside its fetch: the heartbeat (Sidekiq's process keys and
 //! our lease, with its read-only checks of the queues' keys and of the eviction policy), the
 //! sweeper (dead processes' jobs and locks), the scheduled poller (`retry` and `schedule`) and
-//! the periodic fan-out. Keys: those of each loop.
+//! the periodic fan-out; `capsules.rs` builds the heartbeat info's `capsules`. Keys: those of
+//! each loop.
 
+pub mod capsules;
 pub mod eviction;
 pub mod heartbeat;
 pub mod periodic;

@@ -1,5 +1,6 @@
 //! Periodic dispatch without a leader: every process computes the wall-clock tick
-//! (floor(now / every)) and tries `SET playguard:periodic:<name>:<tick> <identity> NX EX`;
+//! (floor(now / every), or the epoch second of a cron line's run time, `manifest/cron.rs`)
+//! and tries `SET playguard:periodic:<name>:<tick> <identity> NX EX`;
 //! only the winner enqueues that tick's jobs (one per member of the Rails app's set, or one
 //! with fixed args). Missed ticks are skipped, never replayed in a burst.
 //!
@@ -9,7 +10,7 @@
 //! retry after an attempt that did land finds the fingerprint taken and pushes nothing.
 //!
 //! Every job of one tick carries the same `created_at`/`enqueued_at`, the instant the tick was
-//! computed from, so `floor(created_at / every)` is that tick.
+//! computed from, so `floor(created_at / every)` is that tick (for `every_secs`).
 //!
 //! Keys: `playguard:periodic:<name>:<tick>`, the member set (read), `queues`, `queue:<q>`.
 
@@ -66,15 +67,50 @@ pub fn fingerprint_key(name: &str, tick: u64) -> String {
     format!("playguard:periodic:{name}:{tick}")
 }
 
-/// Try to own the tick `now` falls in; if we win, its jobs are pushed in the same script.
+/// One tick: its number (the fingerprint's suffix) and how long its fingerprint lives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tick {
+    pub n: u64,
+    pub ttl: u64,
+}
+
+/// A cron tick stays due this long after its run time (sidekiq-cron's 60 s look-back): a
+/// process that starts, or gets Redis back, within it still enqueues the tick; later, it is
+/// skipped, never replayed.
+const CRON_LOOKBACK_SECS: i64 = 60;
+
+/// The tick due at `now` (None: a cron schedule between run times), and when the next one
+/// starts. `every_secs` ticks are numbered floor(now / every); a cron tick by the epoch second
+/// of its run time.
+pub fn due(spec: &PeriodicSpec, now: f64) -> (Option<Tick>, f64) {
+    if let Some(schedule) = &spec.schedule {
+        let t = now.floor() as i64;
+        let next = schedule.next_after(t);
+        let tick = schedule.due(t, CRON_LOOKBACK_SECS).map(|at| Tick {
+            n: at as u64,
+            ttl: fingerprint_ttl(schedule.next_after(at).map_or(86_400, |n| n - at) as u64),
+        });
+        // A schedule with no run time in five years looks again in a day.
+        return (tick, next.map_or(now + 86_400.0, |n| n as f64));
+    }
+    let every = spec.every_secs.unwrap_or(60).max(1);
+    let n = tick_of(now, every);
+    let tick = Tick {
+        n,
+        ttl: fingerprint_ttl(every),
+    };
+    (Some(tick), ((n + 1) * every) as f64)
+}
+
+/// Try to own `tick`; if we win, its jobs are pushed in the same script.
 /// Returns Some(count) when we enqueued, None when a peer (or an earlier attempt of ours) had.
 pub async fn fire(
     conn: &mut crate::connections::redis_conn::Conn,
     identity: &str,
     spec: &PeriodicSpec,
+    tick: Tick,
     now: f64,
 ) -> redis::RedisResult<Option<usize>> {
-    let tick = tick_of(now, spec.every_secs);
     let arg_lists: Vec<Vec<Value>> = match &spec.for_each_member_of {
         Some(set) => {
             // Bytes, then lossy text: one odd member must not cost every Marquee its tick.
@@ -94,11 +130,11 @@ pub async fn fire(
         .map(toml_to_json)
         .unwrap_or(Value::Bool(true));
     let mut inv = SCRIPT.prepare_invoke();
-    inv.key(fingerprint_key(&spec.name, tick))
+    inv.key(fingerprint_key(&spec.name, tick.n))
         .key("queues")
         .key(crate::job::queues::queue_key(&spec.queue))
         .arg(identity)
-        .arg(fingerprint_ttl(spec.every_secs))
+        .arg(tick.ttl)
         .arg(&spec.queue);
     for args in arg_lists {
         let job = NewJob {
@@ -114,38 +150,36 @@ pub async fn fire(
     Ok(usize::try_from(pushed).ok())
 }
 
-/// Fire at every wall-clock multiple of `every_secs` until quiet. A process starting mid-tick
-/// fires that tick at once unless a peer already has; earlier ticks are never replayed.
+/// Fire every tick until quiet. A process starting mid-tick fires that tick at once unless a
+/// peer already has (a cron tick: within its look-back); earlier ticks are never replayed.
 pub async fn run(worker: Arc<Worker>, spec: PeriodicSpec) {
-    let every = spec.every_secs;
     // The last tick settled (enqueued by us or a peer): never attempted again, even if the
     // wall clock steps back.
     let mut settled: Option<u64> = None;
     loop {
         let now = now_f64();
-        let tick = tick_of(now, every);
+        let (tick, next) = due(&spec, now);
         let mut retry_soon = false;
-        if settled.is_none_or(|s| tick > s) {
+        if let Some(tick) = tick.filter(|t| settled.is_none_or(|s| t.n > s)) {
             let mut conn = worker.conn.clone();
-            match fire(&mut conn, &worker.identity, &spec, now).await {
+            match fire(&mut conn, &worker.identity, &spec, tick, now).await {
                 Ok(Some(n)) => {
-                    settled = Some(tick);
-                    tracing::info!(periodic = %spec.name, tick, enqueued = n, class = %spec.class,
+                    settled = Some(tick.n);
+                    tracing::info!(periodic = %spec.name, tick = tick.n, enqueued = n, class = %spec.class,
                         queue = %spec.queue, "periodic tick");
                 }
                 Ok(None) => {
-                    settled = Some(tick);
-                    tracing::debug!(periodic = %spec.name, tick, "periodic tick taken by a peer");
+                    settled = Some(tick.n);
+                    tracing::debug!(periodic = %spec.name, tick = tick.n, "periodic tick taken by a peer");
                 }
                 Err(e) => {
                     // Nothing was claimed unless the jobs were pushed too: retry while the tick lasts.
                     retry_soon = true;
-                    tracing::warn!(periodic = %spec.name, tick, error = %e,
+                    tracing::warn!(periodic = %spec.name, tick = tick.n, error = %e,
                         "periodic tick failed; retrying while the tick lasts");
                 }
             }
         }
-        let next = ((tick + 1) * every) as f64;
         let mut wait = Duration::from_secs_f64((next - now_f64()).max(0.0)) + PAST_BOUNDARY;
         if retry_soon {
             wait = wait.min(RETRY_DELAY);

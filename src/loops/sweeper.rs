@@ -7,7 +7,7 @@
 //! A payload recovered `MAX_RECOVERIES` times (counted in the `playguard:recovered` hash, a
 //! count forgotten after 7 days without a recovery via `playguard:recovered:at`) is a poison
 //! pill: it goes to `dead` with the reason (through `playguard:poison`, so the dead entry is
-//! built from the exact string in Rust).
+//! built from the exact string in Rust), or is dropped when its payload says `dead: false`.
 //! Before its jobs go back, a dead process's token locks are released from the record its
 //! cycles keep in `playguard:locks:<identity>` (compare-and-delete on each lock key), so a
 //! recovered cycle is not skipped as "already locked" by its own dead holder.
@@ -262,6 +262,16 @@ async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
         .query_async(&mut conn)
         .await?;
     for raw in pills {
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if dead_false(&raw) {
+            // Sidekiq Pro (8.0+) drops a poison pill whose payload says `dead: false`.
+            tracing::error!(payload = %String::from_utf8_lossy(&raw),
+                "poison pill with dead: false: dropped, not kept in the dead set");
+            pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw).ignore();
+            pipe.query_async::<()>(&mut conn).await?;
+            continue;
+        }
         let payload = crate::job::retry::dead_entry(
             &raw,
             error_class::POISON_PILL,
@@ -271,13 +281,17 @@ async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
             ),
         );
         tracing::error!(payload = %String::from_utf8_lossy(&raw), "poison pill: moved to the dead set");
-        let mut pipe = redis::pipe();
-        pipe.atomic();
         crate::job::retry::add_dead(&mut pipe, &payload);
         pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw).ignore();
         pipe.query_async::<()>(&mut conn).await?;
     }
     Ok(())
+}
+
+/// Whether a payload is a JSON object with `"dead": false`.
+fn dead_false(raw: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Map<String, Value>>(raw)
+        .is_ok_and(|m| m.get("dead") == Some(&Value::Bool(false)))
 }
 
 /// Sweep now and every SWEEP_EVERY until stopping.

@@ -5,6 +5,7 @@
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::error_class;
 use crate::job::handler::{Handler, JobContext, Outcome};
+use crate::job::options::NotRun;
 use crate::job::payload::Job;
 use crate::job::retry::{self, Decision, Failure};
 use crate::metrics::prometheus::{JobEnd, JobFate};
@@ -119,6 +120,9 @@ async fn run_job(
         tracing::warn!(queue = %f.queue, "liveness lease lapsed since this job was fetched: not starting it");
         Box::pin(worker.fetch.requeue_logged(&f)).await;
         return;
+    }
+    if let Some(why) = crate::job::options::not_run(&job) {
+        return Box::pin(not_run(worker, f, why, &shown, &jid)).await;
     }
     let run_at = wall_secs();
     let slot = Arc::new(worker.slots.begin(SlotEntry {
@@ -330,12 +334,70 @@ fn settle<'a>(
             worker.slots.count(true);
             if lease.lapsed() {
                 tracing::info!(elapsed_ms = ms, "stopped: liveness lease lapsed");
-            } else {
-                tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+                return Some(Box::pin(
+                    async move { worker.fetch.requeue_logged(&f).await },
+                ));
             }
-            Some(Box::pin(
-                async move { worker.fetch.requeue_logged(&f).await },
-            ))
+            Some(interrupted(worker, f, job, ms))
+        }
+    }
+}
+
+/// A job its Pro or Enterprise options keep from running (`job/options.rs`): expired, it is
+/// dropped with one line; with an option playguard refuses, it goes to dead as
+/// `Playguard::Unsupported` (whatever its `retry` and `dead`: the job is kept for a Ruby process).
+async fn not_run(worker: &Worker, f: UnitOfWork, why: NotRun, shown: &str, jid: &str) {
+    let why = match why {
+        NotRun::Expired(at) => {
+            worker.slots.count(false);
+            tracing::info!("job {jid} expired (expires_at {at}): dropped, not run");
+            return worker.fetch.acknowledge(f);
+        }
+        NotRun::Refused(why) => why,
+    };
+    worker.slots.count(true);
+    worker.metrics.job_fate(shown, &f.queue, JobFate::Dead);
+    tracing::error!(
+        error_class = error_class::UNSUPPORTED,
+        "job {jid} not run: {why}"
+    );
+    let mut pipe = redis::pipe();
+    retry::add_dead(
+        &mut pipe,
+        &retry::dead_entry(&f.raw, error_class::UNSUPPORTED, &why),
+    );
+    worker.fetch.settle(&f, pipe).await;
+}
+
+/// A run its shutdown interrupted: back on its queue with its count raised, or, past the
+/// limit, to dead (`job/interrupted.rs`).
+fn interrupted<'a>(
+    worker: &'a Worker,
+    f: UnitOfWork,
+    job: &Job,
+    ms: f64,
+) -> crate::job::handler::BoxFuture<'a, ()> {
+    use crate::job::interrupted::{on_shutdown, Interrupted};
+    match on_shutdown(job, worker.config.max_interruptions) {
+        Interrupted::Requeue(instead) => {
+            tracing::info!(elapsed_ms = ms, "interrupted by shutdown: requeued");
+            Box::pin(async move { worker.fetch.requeue_as_logged(&f, Some(instead)).await })
+        }
+        Interrupted::Settle(decision) => {
+            tracing::warn!(
+                elapsed_ms = ms,
+                error_class = error_class::INTERRUPTED,
+                max = worker.config.max_interruptions,
+                "interrupted by shutdown too often: {}",
+                if decision == Decision::Discard {
+                    "dropped (dead: false)"
+                } else {
+                    "moved to dead"
+                }
+            );
+            let mut pipe = redis::pipe();
+            retry::add_to_pipeline(&mut pipe, &decision);
+            Box::pin(async move { worker.fetch.settle(&f, pipe).await })
         }
     }
 }

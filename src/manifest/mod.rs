@@ -18,12 +18,13 @@
 //!
 //! [[periodic]]
 //! name = "playguard-dispatch"
-//! every_secs = 60
+//! every_secs = 60                 # or: cron = "0 3 * * *" with tz = "Europe/Paris"
 //! class = "PlayguardJob"
 //! queue = "playguard"
 //! for_each_member_of = "playguard:marquees:launchable"
 //! ```
 
+pub mod cron;
 pub mod jobs;
 
 use serde::Deserialize;
@@ -108,7 +109,17 @@ pub struct PhaseSpec {
 #[serde(deny_unknown_fields)]
 pub struct PeriodicSpec {
     pub name: String,
-    pub every_secs: u64,
+    /// Every this many seconds, on wall-clock multiples; or `cron` (with `tz`), not both.
+    #[serde(default)]
+    pub every_secs: Option<u64>,
+    /// A cron line (`cron.rs`), run in the zone `tz` (default UTC).
+    #[serde(default)]
+    pub cron: Option<String>,
+    #[serde(default)]
+    pub tz: Option<String>,
+    /// `cron` and `tz`, parsed when the manifest is loaded.
+    #[serde(skip)]
+    pub schedule: Option<cron::CronSchedule>,
     pub class: String,
     #[serde(default = "default_queue")]
     pub queue: String,
@@ -174,9 +185,9 @@ impl Manifest {
                 }
                 m.jobs.push(j);
             }
-            for (i, p) in f.periodic.into_iter().enumerate() {
+            for (i, mut p) in f.periodic.into_iter().enumerate() {
                 let entry = format!("[[periodic]] #{} (name {:?})", i + 1, p.name);
-                validate_periodic(&p).map_err(|msg| err(&path, &entry, msg))?;
+                validate_periodic(&mut p).map_err(|msg| err(&path, &entry, msg))?;
                 m.periodic.push(p);
             }
         }
@@ -329,12 +340,20 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
     Ok(())
 }
 
-fn validate_periodic(p: &PeriodicSpec) -> Result<(), String> {
+fn validate_periodic(p: &mut PeriodicSpec) -> Result<(), String> {
     if p.name.trim().is_empty() || p.class.trim().is_empty() || p.queue.trim().is_empty() {
         return Err("`name`, `class` and `queue` must not be empty".into());
     }
-    if p.every_secs == 0 {
-        return Err("every_secs must be > 0".into());
+    match (&p.every_secs, &p.cron) {
+        (Some(0), _) => return Err("every_secs must be > 0".into()),
+        (Some(_), None) if p.tz.is_some() => {
+            return Err("`tz` goes with `cron`, not with `every_secs`".into())
+        }
+        (Some(_), None) => {}
+        (None, Some(line)) => {
+            p.schedule = Some(cron::CronSchedule::parse(line, p.tz.as_deref())?);
+        }
+        _ => return Err("give either `every_secs` or `cron`, one of them".into()),
     }
     if p.for_each_member_of.is_some() && !p.args.is_empty() {
         return Err("give either `for_each_member_of` or `args`, not both".into());

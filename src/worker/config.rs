@@ -1,5 +1,6 @@
 //! Worker configuration: Sidekiq 7 defaults, then `config/sidekiq.yml` (the subset playguard
-//! understands, with its environment section merged over the top level), then flags, which win.
+//! understands, after its ERB (`erb.rs`), with its environment section merged over the top
+//! level), then flags, which win.
 //! Touches no Redis keys.
 
 use crate::job::queues::QueueOrder;
@@ -33,6 +34,8 @@ pub struct Config {
     pub database_url: Option<String>,
     /// `--allow-eviction`: run reliable fetch on a Redis whose maxmemory-policy may evict keys.
     pub allow_eviction: bool,
+    /// Shutdown requeues a job gets before it goes to dead (`--max-interruptions`).
+    pub max_interruptions: u32,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -58,6 +61,7 @@ impl Default for Config {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             database_url: None,
             allow_eviction: false,
+            max_interruptions: crate::job::interrupted::DEFAULT_MAX_INTERRUPTIONS,
         }
     }
 }
@@ -173,17 +177,28 @@ pub fn load_file(path: &Path, env: &str) -> Result<FileConfig, ConfigError> {
         message,
     };
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let docs = YamlLoader::load_from_str(&text).map_err(|e| err(e.to_string()))?;
+    parse_text(&text, env, &std::env::vars().collect()).map_err(err)
+}
+
+/// The file's text to its settings: Sidekiq runs it through ERB before YAML, so its ERB
+/// (the ENV subset of `erb.rs`, with `vars` standing for `ENV`) is evaluated first.
+pub fn parse_text(
+    text: &str,
+    env: &str,
+    vars: &std::collections::HashMap<String, String>,
+) -> Result<FileConfig, String> {
+    let text = super::erb::render_with(text, vars).map_err(|e| e.to_string())?;
+    let docs = YamlLoader::load_from_str(&text).map_err(|e| e.to_string())?;
     let mut out = FileConfig::default();
     let Some(doc) = docs.first() else {
         return Ok(out);
     };
     let Yaml::Hash(top) = doc else {
-        return Err(err("the top level must be a mapping".into()));
+        return Err("the top level must be a mapping".into());
     };
-    apply(top, &mut out).map_err(err)?;
+    apply(top, &mut out)?;
     if let Some(Yaml::Hash(section)) = key(top, env) {
-        apply(section, &mut out).map_err(|m| err(format!("section {env}: {m}")))?;
+        apply(section, &mut out).map_err(|m| format!("section {env}: {m}"))?;
     }
     Ok(out)
 }

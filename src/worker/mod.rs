@@ -3,6 +3,7 @@
 //! fetched job goes through belongs to `fetch::FetchStrategy`. Touches no Redis keys itself.
 
 pub mod config;
+pub mod erb;
 pub mod error;
 
 use crate::connections::redis_conn::Conn;
