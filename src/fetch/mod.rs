@@ -16,6 +16,7 @@ pub use working_order::working_key;
 
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
+use crate::job::retry::Record;
 use crate::process::shutdown::Shutdown;
 use basic::BasicFetch;
 use reliable::ReliableFetch;
@@ -177,26 +178,38 @@ impl FetchStrategy {
         }
     }
 
-    /// Record a job's outcome (the retry or dead writes in `pipe`) together with its
-    /// acknowledgement, in one MULTI, retrying until it lands: a MULTI is not rolled back when
-    /// one command fails, so the ack may already be applied and this write is the job's only
-    /// copy. Past the shutdown deadline it gives up (logged); with reliable fetch a job whose
-    /// ack did not land either stays in the working list and runs again rather than being lost.
-    pub async fn settle(&self, job: &UnitOfWork, mut pipe: redis::Pipeline) {
+    /// Record a job's outcome (a retry, dead, or nothing) together with its acknowledgement,
+    /// retrying until it lands. Reliable fetch writes it only while the job is still in our
+    /// working list (`lua/settle.lua`): a job the orphan sweep took back while our lease
+    /// lapsed may run elsewhere now, and a retry written for our copy would run it once more.
+    /// Basic fetch writes it in one MULTI. Past the shutdown deadline it gives up (logged);
+    /// with reliable fetch a job whose ack did not land either stays in the working list and
+    /// runs again rather than being lost.
+    pub async fn settle(&self, job: &UnitOfWork, record: Record<'_>) {
+        let mut pipe = redis::pipe();
         pipe.atomic();
-        if let Mode::Reliable(r) = &self.mode {
-            r.add_ack(&mut pipe, job);
-        }
-        if pipe.cmd_iter().next().is_none() {
+        record.add_to_pipeline(&mut pipe);
+        if matches!(self.mode, Mode::Basic(_)) && pipe.cmd_iter().next().is_none() {
             return;
         }
         let mut conn = self.conn.clone();
         loop {
-            let Err(e) = pipe.query_async::<()>(&mut conn).await else {
-                if let Mode::Reliable(r) = &self.mode {
-                    r.gone(job);
+            let landed = match &self.mode {
+                Mode::Reliable(r) => r.settle(job, &record).await,
+                Mode::Basic(_) => pipe.query_async::<()>(&mut conn).await.map(|()| true),
+            };
+            let e = match landed {
+                Ok(ours) => {
+                    if let Mode::Reliable(r) = &self.mode {
+                        r.gone(job);
+                    }
+                    if !ours {
+                        tracing::warn!(queue = %job.queue,
+                            "outcome not recorded: the job had left our working list (the orphan sweep returned it to its queue while our liveness lease lapsed), so it runs again there, once");
+                    }
+                    return;
                 }
-                return;
+                Err(e) => e,
             };
             if self.shutdown.past_deadline() {
                 tracing::error!(error = %e, queue = %job.queue, payload = %job.payload_lossy(),

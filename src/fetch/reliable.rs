@@ -2,7 +2,8 @@
 //! `queue:<q>` into `playguard:working:<identity>:<q>` (refusing while our
 //! `playguard:alive:<identity>` is missing), idle waits use BLMOVE into the same lists, the
 //! acknowledgements remove finished jobs from them in batches (`acks.rs`, in the lists' order
-//! as `working_order.rs` pictures it), a requeue moves one job back
+//! as `working_order.rs` pictures it), a failed job's outcome is written only while it is
+//! still ours (`lua/settle.lua`, which also writes `retry` or `dead`), a requeue moves one job back
 //! (`lua/requeue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
 //! process leaves in its lists the orphan sweep (`loops/sweeper.rs`) returns.
 
@@ -12,6 +13,7 @@ use super::Batch;
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::queues::queue_key;
+use crate::job::retry::Record;
 
 /// Most queues one fetch script call looks at (see `take`).
 const FETCH_QUEUES_PER_CALL: usize = 8;
@@ -20,6 +22,8 @@ static FETCH: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/fetch.lua")));
 static REQUEUE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/requeue.lua")));
+static SETTLE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/settle.lua")));
 static DRAIN: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/drain.lua")));
 
@@ -122,13 +126,31 @@ impl ReliableFetch {
         self.acks.gone(job);
     }
 
-    /// Add the acknowledgement to a pipeline that records the job's outcome with it.
-    pub fn add_ack(&self, pipe: &mut redis::Pipeline, job: &UnitOfWork) {
-        pipe.cmd("LREM")
-            .arg(self.working_key(&job.queue))
-            .arg(-1)
+    /// Record a failed job's outcome with its acknowledgement, only while the job is still in
+    /// our working list (`lua/settle.lua`). Ok(false): it was not (nothing written).
+    pub async fn settle(&self, job: &UnitOfWork, record: &Record<'_>) -> redis::RedisResult<bool> {
+        let (kind, score, entry, oldest, rank) = record.script_args();
+        let mut conn = self.conn.clone();
+        let n: i64 = SETTLE
+            .key(self.working_key(&job.queue))
+            .key("retry")
+            .key("dead")
             .arg(&job.raw)
-            .ignore();
+            .arg(kind)
+            .arg(score)
+            .arg(entry)
+            .arg(oldest)
+            .arg(rank)
+            .invoke_async(&mut conn)
+            .await?;
+        if n < 0 {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the outcome's key holds another type than a sorted set",
+                kind.to_string(),
+            )));
+        }
+        Ok(n == 1)
     }
 
     /// Acks queued or in flight, not yet confirmed by Redis.
