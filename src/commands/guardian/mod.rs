@@ -20,6 +20,8 @@
 //!   group: it never learnt the pid. It then runs to its end unwatched.)
 //! - guardian → worker `e` not started: id u64, errno i32 (-1: none), message.
 //! - guardian → worker `x` exited: id u64, raw wait status i32.
+//! - worker → guardian `P` ping: 0 u64; guardian → worker `p` its answer: 0 u64. A guardian
+//!   that leaves a ping unanswered too long is replaced (`watchdog.rs`).
 //!
 //! The guardian SIGKILLs a group when its countdown runs out (the frozen-worker case,
 //! [`crate::process::liveness::Liveness::guardian_budget`]), right after its leader exited (nothing of
@@ -30,6 +32,7 @@
 mod client;
 mod frame;
 mod process;
+mod watchdog;
 
 pub(crate) use client::{cloexec_pipe, get, Event, Handle};
 

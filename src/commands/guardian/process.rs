@@ -273,6 +273,8 @@ impl Guardian {
                     ),
                 }
             }
+            // The worker's watchdog asks whether we still answer (`watchdog.rs`).
+            b'P' => self.out.extend_from_slice(&Frame::new(b'p').u64(0).done()),
             b'K' => {
                 let (Some(id), Some(budget)) = (b.u64(), b.u64()) else {
                     return;
