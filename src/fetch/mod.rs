@@ -171,6 +171,18 @@ impl FetchStrategy {
         matches!(self.mode, Mode::Reliable(_))
     }
 
+    /// Right after a fetch whose reply was lost, before any other fetch (nothing has been added
+    /// to our working lists since): push back to their queues the jobs it moved there. Safe
+    /// under load: the jobs we hold stay. Complete when no ack was pending
+    /// ([`FetchStrategy::acks_pending`] is 0); otherwise some may stay, for the idle rescue
+    /// (`drain`). Returns how many moved.
+    pub async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
+        match &self.mode {
+            Mode::Reliable(r) => r.rescue_lost(queues).await,
+            Mode::Basic(_) => Ok(0),
+        }
+    }
+
     /// A job finished: acknowledge it (batched, off the job's path).
     pub fn acknowledge(&self, job: UnitOfWork) {
         if let Mode::Reliable(r) = &self.mode {

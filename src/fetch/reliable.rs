@@ -4,7 +4,8 @@
 //! acknowledgements remove finished jobs from them in batches (`acks.rs`, in the lists' order
 //! as `working_order.rs` pictures it), a failed job's outcome is written only while it is
 //! still ours (`lua/settle.lua`, which also writes `retry` or `dead`), a requeue moves one job back
-//! (`lua/requeue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
+//! (`lua/requeue.lua`), what a fetch whose reply was lost moved is pushed back before the next
+//! fetch (`lua/rescue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
 //! process leaves in its lists the orphan sweep (`loops/sweeper.rs`) returns.
 
 use super::acks::Acks;
@@ -24,6 +25,8 @@ static REQUEUE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/requeue.lua")));
 static SETTLE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/settle.lua")));
+static RESCUE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/rescue.lua")));
 static DRAIN: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/drain.lua")));
 
@@ -181,6 +184,32 @@ impl ReliableFetch {
             )));
         }
         Ok(n == 1)
+    }
+
+    /// After a fetch whose reply was lost and before any other fetch: push back what it moved
+    /// into our working lists, the elements at their left ends beyond the jobs we know
+    /// (`lua/rescue.lua`). The count of known jobs is taken right before each list's script and
+    /// is never too low (an ack confirmed meanwhile only makes it high), so no job of ours is
+    /// pushed back; it is exact when no ack is pending. Returns how many moved.
+    pub async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
+        let mut conn = self.conn.clone();
+        let mut moved = 0;
+        for q in queues {
+            let known = self.acks.known(q);
+            let n: i64 = RESCUE
+                .key(self.working_key(q))
+                .key(queue_key(q))
+                .arg(known)
+                .invoke_async(&mut conn)
+                .await?;
+            if n < 0 {
+                tracing::error!(
+                    "queue:{q} is not a list: jobs a lost fetch moved stay in our working list, for the orphan sweep"
+                );
+            }
+            moved += n.max(0);
+        }
+        Ok(moved)
     }
 
     /// Push everything still in our own working lists back to the heads of its queues (a
