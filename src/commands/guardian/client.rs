@@ -440,7 +440,7 @@ impl Conn {
 }
 
 impl Handle {
-    /// Tell the guardian this command may run `budget` more seconds without hearing again.
+    /// Tell the guardian this command may run `budget` more milliseconds without hearing again.
     pub(crate) fn keepalive(&self, budget: u64) {
         let f = Frame::new(b'K').u64(self.id).u64(budget).done();
         let _ = self.conn.send(f, Vec::new());

@@ -11,9 +11,10 @@
 //!
 //! Protocol (frames `[u32 length][u8 tag][body]`, integers little-endian, strings
 //! `[u32 length][bytes]`):
-//! - worker → guardian `S` spawn: id u64, budget u64 (whole seconds, 0 = no watchdog),
+//! - worker → guardian `S` spawn: id u64, budget u64 (milliseconds, 0 = no watchdog),
 //!   program, argv, env pairs; stdin, stdout and stderr ride along as SCM_RIGHTS fds.
-//! - worker → guardian `K` keepalive: id u64, budget u64 (the countdown starts again).
+//! - worker → guardian `K` keepalive: id u64, budget u64 (milliseconds; the countdown starts
+//!   again).
 //! - guardian → worker `s` started: id u64, pid i32 (the process group id too). Held up to
 //!   2 ms (`START_HOLD`) so that a short command's start and exit go in one write. (Should
 //!   the guardian be killed inside those 2 ms, the worker cannot kill that one command's

@@ -255,7 +255,8 @@ impl Guardian {
                             pid,
                             Group {
                                 id,
-                                deadline: budget.map(|s| Instant::now() + Duration::from_secs(s)),
+                                deadline: budget
+                                    .map(|ms| Instant::now() + Duration::from_millis(ms)),
                                 watched: budget.is_some(),
                             },
                         );
@@ -281,7 +282,7 @@ impl Guardian {
                 };
                 if let Some(gr) = self.ids.get(&id).and_then(|p| self.groups.get_mut(p)) {
                     if gr.watched {
-                        gr.deadline = Some(Instant::now() + Duration::from_secs(budget));
+                        gr.deadline = Some(Instant::now() + Duration::from_millis(budget));
                     }
                 }
             }
