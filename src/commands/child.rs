@@ -39,6 +39,11 @@ pub struct Spec<'a> {
     pub stdin: String,
     /// The process's liveness lease: the guardian gets a keepalive countdown from it.
     pub keepalive: Option<crate::process::liveness::Liveness>,
+    /// The latest the command may live whatever the lease says (a phase's lock: before it can
+    /// expire in Redis). The guardian's countdown never runs past it, with a lease or
+    /// without one (basic fetch), so a frozen worker's phase is dead before a new holder
+    /// can take the lock.
+    pub kill_by: Option<tokio::time::Instant>,
 }
 
 #[derive(Debug)]
@@ -145,7 +150,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         Ok(p) => p,
         Err(e) => return Exit::SpawnFailed(format!("cannot start {prog:?}: pipes: {e}")),
     };
-    let budget = spec.keepalive.as_ref().and_then(|l| l.guardian_budget());
+    let budget = countdown(spec.keepalive.as_ref(), spec.kill_by);
     let (handle, events) = match start(prog, &spec, &env, budget, vec![in_r, out_w, err_w]) {
         Ok(started) => started,
         Err(exit) => return exit,
@@ -157,7 +162,7 @@ pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
         group: GroupGuard(None),
         ended: None,
     };
-    let keepalive = keepalives(spec.keepalive.as_ref(), budget, &handle);
+    let keepalive = keepalives(spec.keepalive.as_ref(), spec.kill_by, budget, &handle);
     tokio::pin!(keepalive);
     let writer = write_stdin(in_w, spec.stdin.as_bytes());
     // Lent to the stderr reader, which may be dropped after the drain: the lines it already
@@ -283,17 +288,37 @@ fn start(
         })
 }
 
+/// The guardian's countdown, in milliseconds: the smaller of the lease's budget
+/// ([`Liveness::guardian_budget`]) and the time left until `kill_by`, at least 1 (0 means no
+/// countdown). None: neither applies.
+fn countdown(lease: Option<&Liveness>, kill_by: Option<tokio::time::Instant>) -> Option<u64> {
+    let lease = lease.and_then(|l| l.guardian_budget()).map(|s| s * 1000);
+    let lock = kill_by.map(|t| {
+        let left = t.saturating_duration_since(tokio::time::Instant::now());
+        (left.as_millis() as u64).max(1)
+    });
+    match (lease, lock) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Keepalives: after each heartbeat that refreshed our alive key, tell the guardian how long
-/// this command may go on. Nothing is sent while the lease is lapsed, so the countdown runs
-/// out. Never ends.
-async fn keepalives(lease: Option<&Liveness>, budget: Option<u64>, handle: &Handle) {
+/// this command may go on (never past `kill_by`). Nothing is sent while the lease is lapsed,
+/// so the countdown runs out. Never ends.
+async fn keepalives(
+    lease: Option<&Liveness>,
+    kill_by: Option<tokio::time::Instant>,
+    budget: Option<u64>,
+    handle: &Handle,
+) {
     match lease.filter(|_| budget.is_some()) {
         Some(lv) => loop {
             lv.changed().await;
             if !lv.is_live() {
                 continue;
             }
-            if let Some(n) = lv.guardian_budget() {
+            if let Some(n) = countdown(Some(lv), kill_by) {
                 handle.keepalive(n);
             }
         },

@@ -61,12 +61,14 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
 }
 
 /// Run one of a job's commands: the job's payload on stdin, `env` as built by [`job_env`] on
-/// top of the worker's variables named by `inherit` (None = all of them).
+/// top of the worker's variables named by `inherit` (None = all of them). `kill_by`: the
+/// latest it may live even if this process freezes (a phase's lock), see [`child::Spec`].
 pub async fn run_for(
     ctx: &JobContext,
     argv: &[String],
     inherit: Option<&[String]>,
     env: Vec<(String, String)>,
+    kill_by: Option<tokio::time::Instant>,
     stop: impl std::future::Future<Output = child::Stop>,
 ) -> Exit {
     let spec = child::Spec {
@@ -75,6 +77,7 @@ pub async fn run_for(
         inherit,
         stdin: ctx.payload.to_string(),
         keepalive: Some(ctx.liveness.liveness.clone()),
+        kill_by,
     };
     child::run(spec, stop).await
 }
@@ -114,7 +117,7 @@ impl Handler for CommandJob {
                         "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
             };
-            let exit = run_for(&ctx, &argv, inherit.as_deref(), env, stop).await;
+            let exit = run_for(&ctx, &argv, inherit.as_deref(), env, None, stop).await;
             // Stopped by us or by its guardian because our lease lapsed: back to the queue
             // (unless the sweep already took it), never a retry beside the recovered copy.
             if !matches!(exit, Exit::Success) && ctx.liveness.lapsed() {

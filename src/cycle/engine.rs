@@ -46,6 +46,10 @@ pub struct PhaseContext {
     pub lease_deadline: Instant,
     /// When this phase must stop: the lease deadline or, earlier, its own timeout.
     pub stop_at: Instant,
+    /// The latest a phase's commands may live: past the lease's local deadline by half its
+    /// safety margin, so still before the lock can expire in Redis. Their guardian kills them
+    /// then even when this process is frozen (`commands/guardian/`).
+    pub kill_by: Instant,
 }
 
 impl std::ops::Deref for PhaseContext {
@@ -515,6 +519,7 @@ impl Running<'_> {
             fence: self.fence,
             lease_deadline,
             stop_at,
+            kill_by: lease_deadline + lock::safety_margin(lock.ttl) / 2,
         };
         // Phase output lines carry the jid (job scope), the guarded thing and the phase.
         let span = tracing::info_span!("phase", lock = %self.label, phase = %name);

@@ -64,10 +64,15 @@ impl Phase for CommandPhase {
                     }
                 }
             };
-            let exit = run_for(&ctx.job, &argv, inherit.as_deref(), env, stop).await;
+            let kill_by = Some(ctx.kill_by);
+            let exit = run_for(&ctx.job, &argv, inherit.as_deref(), env, kill_by, stop).await;
             // Killed by its guardian while we were frozen, or by us: not a phase failure.
             if !matches!(exit, Exit::Success) && ctx.job.liveness.lapsed() {
                 return PhaseEnd::Stopped(StopCause::Liveness);
+            }
+            // Killed by its guardian at the lock's deadline while we were frozen.
+            if !matches!(exit, Exit::Success) && Instant::now() >= ctx.kill_by {
+                return PhaseEnd::Stopped(StopCause::LeaseDeadline);
             }
             if let Exit::Killed { .. } = exit {
                 if let Some(c) = *cause.lock().unwrap() {

@@ -76,6 +76,13 @@ impl Acks {
         self.shared.order.lock().unwrap().reset();
     }
 
+    /// At least how many elements of `queue`'s working list are jobs we know: those in the
+    /// picture, plus every ack not yet confirmed (of any queue: counted high, never low).
+    pub fn known(&self, queue: &str) -> usize {
+        let order = self.shared.order.lock().unwrap();
+        order.in_list(queue) + self.pending()
+    }
+
     /// Acks queued or being sent, not yet confirmed by Redis.
     pub fn pending(&self) -> usize {
         self.shared.pending.load(Ordering::SeqCst)

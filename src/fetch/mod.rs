@@ -16,6 +16,7 @@ pub use working_order::working_key;
 
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
+use crate::job::retry::Record;
 use crate::process::redis_state::RedisState;
 use crate::process::shutdown::Shutdown;
 use basic::BasicFetch;
@@ -199,6 +200,18 @@ impl FetchStrategy {
         matches!(self.mode, Mode::Reliable(_))
     }
 
+    /// Right after a fetch whose reply was lost, before any other fetch (nothing has been added
+    /// to our working lists since): push back to their queues the jobs it moved there. Safe
+    /// under load: the jobs we hold stay. Complete when no ack was pending
+    /// ([`FetchStrategy::acks_pending`] is 0); otherwise some may stay, for the idle rescue
+    /// (`drain`). Returns how many moved.
+    pub async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
+        match &self.mode {
+            Mode::Reliable(r) => r.rescue_lost(queues).await,
+            Mode::Basic(_) => Ok(0),
+        }
+    }
+
     /// A job finished: acknowledge it (batched, off the job's path).
     pub fn acknowledge(&self, job: UnitOfWork) {
         if let Mode::Reliable(r) = &self.mode {
@@ -206,27 +219,39 @@ impl FetchStrategy {
         }
     }
 
-    /// Record a job's outcome (the retry or dead writes in `pipe`) together with its
-    /// acknowledgement, in one MULTI, retrying until it lands: a MULTI is not rolled back when
-    /// one command fails, so the ack may already be applied and this write is the job's only
-    /// copy. Past the shutdown deadline it gives up (logged); with reliable fetch a job whose
-    /// ack did not land either stays in the working list and runs again rather than being lost.
-    pub async fn settle(&self, job: &UnitOfWork, mut pipe: redis::Pipeline) {
+    /// Record a job's outcome (a retry, dead, or nothing) together with its acknowledgement,
+    /// retrying until it lands. Reliable fetch writes it only while the job is still in our
+    /// working list (`lua/settle.lua`): a job the orphan sweep took back while our lease
+    /// lapsed may run elsewhere now, and a retry written for our copy would run it once more.
+    /// Basic fetch writes it in one MULTI. Past the shutdown deadline it gives up (logged);
+    /// with reliable fetch a job whose ack did not land either stays in the working list and
+    /// runs again rather than being lost.
+    pub async fn settle(&self, job: &UnitOfWork, record: Record<'_>) {
+        let mut pipe = redis::pipe();
         pipe.atomic();
-        if let Mode::Reliable(r) = &self.mode {
-            r.add_ack(&mut pipe, job);
-        }
-        if pipe.cmd_iter().next().is_none() {
+        record.add_to_pipeline(&mut pipe);
+        if matches!(self.mode, Mode::Basic(_)) && pipe.cmd_iter().next().is_none() {
             return;
         }
         let mut conn = self.conn.clone();
         let mut attempts = 0u32;
         loop {
-            let Err(e) = pipe.query_async::<()>(&mut conn).await else {
-                if let Mode::Reliable(r) = &self.mode {
-                    r.gone(job);
+            let landed = match &self.mode {
+                Mode::Reliable(r) => r.settle(job, &record).await,
+                Mode::Basic(_) => pipe.query_async::<()>(&mut conn).await.map(|()| true),
+            };
+            let e = match landed {
+                Ok(ours) => {
+                    if let Mode::Reliable(r) = &self.mode {
+                        r.gone(job);
+                    }
+                    if !ours {
+                        tracing::warn!(queue = %job.queue,
+                            "outcome not recorded: the job had left our working list (the orphan sweep returned it to its queue while our liveness lease lapsed), so it runs again there, once");
+                    }
+                    return;
                 }
-                return;
+                Err(e) => e,
             };
             if self.shutdown.past_deadline() {
                 tracing::error!(error = %e, queue = %job.queue, payload = %job.payload_lossy(),

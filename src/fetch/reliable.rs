@@ -2,8 +2,10 @@
 //! `queue:<q>` into `playguard:working:<identity>:<q>` (refusing while our
 //! `playguard:alive:<identity>` is missing), idle waits use BLMOVE into the same lists, the
 //! acknowledgements remove finished jobs from them in batches (`acks.rs`, in the lists' order
-//! as `working_order.rs` pictures it), a requeue moves one job back
-//! (`lua/requeue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
+//! as `working_order.rs` pictures it), a failed job's outcome is written only while it is
+//! still ours (`lua/settle.lua`, which also writes `retry` or `dead`), a requeue moves one job back
+//! (`lua/requeue.lua`), what a fetch whose reply was lost moved is pushed back before the next
+//! fetch (`lua/rescue.lua`), and a clean stop drains them all back (`lua/drain.lua`). Whatever a dead
 //! process leaves in its lists the orphan sweep (`loops/sweeper.rs`) returns.
 
 use super::acks::Acks;
@@ -12,6 +14,7 @@ use super::Batch;
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::queues::queue_key;
+use crate::job::retry::Record;
 use crate::process::redis_state::RedisState;
 use std::sync::Arc;
 
@@ -22,6 +25,10 @@ static FETCH: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/fetch.lua")));
 static REQUEUE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/requeue.lua")));
+static SETTLE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/settle.lua")));
+static RESCUE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/rescue.lua")));
 static DRAIN: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/drain.lua")));
 
@@ -144,13 +151,31 @@ impl ReliableFetch {
         self.acks.gone(job);
     }
 
-    /// Add the acknowledgement to a pipeline that records the job's outcome with it.
-    pub fn add_ack(&self, pipe: &mut redis::Pipeline, job: &UnitOfWork) {
-        pipe.cmd("LREM")
-            .arg(self.working_key(&job.queue))
-            .arg(-1)
+    /// Record a failed job's outcome with its acknowledgement, only while the job is still in
+    /// our working list (`lua/settle.lua`). Ok(false): it was not (nothing written).
+    pub async fn settle(&self, job: &UnitOfWork, record: &Record<'_>) -> redis::RedisResult<bool> {
+        let (kind, score, entry, oldest, rank) = record.script_args();
+        let mut conn = self.conn.clone();
+        let n: i64 = SETTLE
+            .key(self.working_key(&job.queue))
+            .key("retry")
+            .key("dead")
             .arg(&job.raw)
-            .ignore();
+            .arg(kind)
+            .arg(score)
+            .arg(entry)
+            .arg(oldest)
+            .arg(rank)
+            .invoke_async(&mut conn)
+            .await?;
+        if n < 0 {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "the outcome's key holds another type than a sorted set",
+                kind.to_string(),
+            )));
+        }
+        Ok(n == 1)
     }
 
     /// Acks queued or in flight, not yet confirmed by Redis.
@@ -186,6 +211,32 @@ impl ReliableFetch {
             )));
         }
         Ok(n == 1)
+    }
+
+    /// After a fetch whose reply was lost and before any other fetch: push back what it moved
+    /// into our working lists, the elements at their left ends beyond the jobs we know
+    /// (`lua/rescue.lua`). The count of known jobs is taken right before each list's script and
+    /// is never too low (an ack confirmed meanwhile only makes it high), so no job of ours is
+    /// pushed back; it is exact when no ack is pending. Returns how many moved.
+    pub async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
+        let mut conn = self.conn.clone();
+        let mut moved = 0;
+        for q in queues {
+            let known = self.acks.known(q);
+            let n: i64 = RESCUE
+                .key(self.working_key(q))
+                .key(queue_key(q))
+                .arg(known)
+                .invoke_async(&mut conn)
+                .await?;
+            if n < 0 {
+                tracing::error!(
+                    "queue:{q} is not a list: jobs a lost fetch moved stay in our working list, for the orphan sweep"
+                );
+            }
+            moved += n.max(0);
+        }
+        Ok(moved)
     }
 
     /// Push everything still in our own working lists back to the heads of its queues (a

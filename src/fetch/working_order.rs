@@ -113,6 +113,18 @@ impl WorkingOrder {
         }
     }
 
+    /// How many of `queue`'s jobs may still be in its working list: running, or finished and
+    /// not yet handed to the acks task (those handed over are the acks' pending count).
+    pub fn in_list(&self, queue: &str) -> usize {
+        let lane = self.lanes.get(queue).map_or(0, |l| {
+            l.entries
+                .iter()
+                .filter(|e| !matches!(e, State::Gone))
+                .count()
+        });
+        lane + self.loose.iter().filter(|(q, _)| q == queue).count()
+    }
+
     /// Finished jobs not yet handed to the acks task.
     #[cfg(test)]
     pub fn waiting(&self) -> usize {
@@ -240,6 +252,23 @@ mod tests {
         // The long one ends: it alone is left.
         w.finished("q", s, b"a".to_vec());
         assert_eq!(shape(&w.take_acks(t, false)), ["q:one[a]"]);
+    }
+
+    #[test]
+    fn jobs_in_the_list_are_the_running_and_finished_ones_not_handed_over() {
+        let mut w = WorkingOrder::default();
+        let s = w.register("q", 4);
+        w.finished("q", s + 1, b"b".to_vec());
+        w.gone("q", s + 2);
+        assert_eq!(w.in_list("q"), 3);
+        assert_eq!(w.in_list("other"), 0);
+        w.finished("q", s, b"a".to_vec());
+        // a and b leave the picture for the acks task (its pending count has them).
+        assert_eq!(
+            shape(&w.take_acks(Instant::now(), false)),
+            ["q:oldest[a,b]"]
+        );
+        assert_eq!(w.in_list("q"), 1);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Failure handling as Sidekiq's `job_retry.rb` does it: rebuild the job from the popped string,
 //! add the error fields, then schedule a retry (`retry` zset), kill it (`dead` zset, trimmed to
-//! 10,000 entries / 180 days) or drop it. Writes are added to a caller's atomic pipeline so the
-//! outcome and the ack land together.
+//! 10,000 entries / 180 days) or drop it. The write is handed to the fetch strategy as a [`Record`], which lands it
+//! together with the ack (guarded by the working list with reliable fetch, `lua/settle.lua`).
 
 use crate::job::error_class;
 use crate::job::payload::{dump, float_value, now_f64, now_value, uses_millis, Job};
@@ -202,15 +202,56 @@ pub fn compress_backtrace(lines: &[String]) -> String {
     base64::engine::general_purpose::STANDARD.encode(z.finish().expect("in-memory finish"))
 }
 
-/// Add the writes for a decision to an atomic pipeline.
-pub fn add_to_pipeline(pipe: &mut redis::Pipeline, decision: &Decision) {
-    match decision {
-        Decision::Retry { payload, at } => {
-            pipe.zadd("retry", payload, float_value(*at).to_string())
-                .ignore();
+/// The write a failed job's outcome needs, recorded with its acknowledgement by the fetch
+/// strategy (`fetch/mod.rs`, `settle`).
+#[derive(Debug, Clone, Copy)]
+pub enum Record<'a> {
+    /// ZADD retry at payload.
+    Retry { payload: &'a [u8], at: f64 },
+    /// Into `dead` (trimmed), as [`add_dead`].
+    Dead(&'a [u8]),
+    /// Only the acknowledgement (a discarded job).
+    Nothing,
+}
+
+impl Decision {
+    pub fn record(&self) -> Record<'_> {
+        match self {
+            Decision::Retry { payload, at } => Record::Retry {
+                payload: payload.as_bytes(),
+                at: *at,
+            },
+            Decision::Dead { payload } => Record::Dead(payload.as_bytes()),
+            Decision::Discard => Record::Nothing,
         }
-        Decision::Dead { payload } => add_dead(pipe, payload.as_bytes()),
-        Decision::Discard => {}
+    }
+}
+
+impl Record<'_> {
+    /// Add the writes to a pipeline (basic fetch: there is no working list to guard them).
+    pub fn add_to_pipeline(&self, pipe: &mut redis::Pipeline) {
+        match self {
+            Record::Retry { payload, at } => {
+                pipe.zadd("retry", *payload, float_value(*at).to_string())
+                    .ignore();
+            }
+            Record::Dead(payload) => add_dead(pipe, payload),
+            Record::Nothing => {}
+        }
+    }
+
+    /// The arguments of `lua/settle.lua` after the payload: kind, score, entry, and the dead
+    /// set's trim bounds.
+    pub fn script_args(&self) -> (&'static str, String, &[u8], String, isize) {
+        let now = now_f64();
+        let (oldest, rank) = dead_trim_bounds(now);
+        match self {
+            Record::Retry { payload, at } => {
+                ("retry", float_value(*at).to_string(), payload, oldest, rank)
+            }
+            Record::Dead(payload) => ("dead", float_value(now).to_string(), payload, oldest, rank),
+            Record::Nothing => ("none", String::new(), &[], oldest, rank),
+        }
     }
 }
 

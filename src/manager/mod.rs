@@ -20,6 +20,10 @@ use tokio::task::JoinSet;
 /// that already happened is never abandoned while its reply is still on the way.
 const BLOCKERS_GRACE: Duration =
     Duration::from_secs(crate::connections::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
+/// After a lost fetch reply, how long the rescue waits for pending acks to be confirmed (so
+/// its count of our jobs is exact): this many checks, this far apart.
+const ACK_SETTLE_CHECKS: usize = 100;
+const ACK_SETTLE_PAUSE: Duration = Duration::from_millis(10);
 /// Most jobs one batch takes.
 const MAX_BATCH: usize = 256;
 /// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
@@ -114,6 +118,9 @@ struct FetchLoop {
     /// A fetch failed in a way that may have moved a job into our working list without
     /// telling us; cleared by a rescue drain once we are fully idle.
     may_hide_jobs: bool,
+    /// Such a fetch failed and nothing has been fetched since: what it moved is at the left
+    /// ends of our working lists, where `rescue_lost` finds it under load too.
+    hidden_left: bool,
 }
 
 impl FetchLoop {
@@ -121,6 +128,10 @@ impl FetchLoop {
     fn take(&mut self, d: Delivery) {
         self.blockers[d.from].disarm();
         self.may_hide_jobs |= d.failed;
+        if d.job.is_some() {
+            self.hidden_left = false;
+        }
+        self.hidden_left |= d.failed && self.worker.fetch.lost_reply_may_hide_jobs();
         self.held.extend(d.job);
     }
 
@@ -233,6 +244,42 @@ impl FetchLoop {
         }
     }
 
+    /// Right after a fetch whose reply was lost (nothing fetched since, no blocking pop armed):
+    /// push back what it moved, while our own jobs keep running. Waits a little for pending
+    /// acks to be confirmed, so the count of our jobs is exact; if it was not, the idle rescue
+    /// stays due. False: Redis did not answer (fetch nothing yet, try again).
+    async fn rescue_lost(&mut self) -> bool {
+        let worker = self.worker.clone();
+        for _ in 0..ACK_SETTLE_CHECKS {
+            if worker.fetch.acks_pending() == 0 {
+                break;
+            }
+            tokio::time::sleep(ACK_SETTLE_PAUSE).await;
+        }
+        let exact = worker.fetch.acks_pending() == 0;
+        match worker
+            .fetch
+            .rescue_lost(&worker.config.queues.names())
+            .await
+        {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::warn!(
+                        jobs = n,
+                        "returned jobs a failed fetch had moved into our working list"
+                    );
+                }
+                self.hidden_left = false;
+                self.may_hide_jobs &= !exact;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fetch: could not check our working lists; retrying in 1s");
+                false
+            }
+        }
+    }
+
     /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
     async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
         let worker = self.worker.clone();
@@ -284,8 +331,13 @@ impl FetchLoop {
             };
         }
         // Redis refuses writes for want of memory: a job fetched now could not record its
-        // outcome, so fetching pauses (the heartbeat logged it and sees it end).
-        if worker.metrics.redis.is_oom() {
+        // outcome, so fetching pauses (the heartbeat logged it and sees it end). Jobs a lost
+        // fetch reply may have hidden in our working list go back before the next fetch.
+        if worker.metrics.redis.is_oom()
+            || (self.hidden_left
+                && !self.blockers.iter().any(Blocker::is_armed)
+                && !self.rescue_lost().await)
+        {
             return tokio::select! {
                 _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
                 _ = worker.shutdown.quieted() => Err(Quieted),
@@ -300,6 +352,7 @@ impl FetchLoop {
             .await
         {
             Ok(v) if !v.is_empty() => {
+                self.hidden_left = false;
                 worker.metrics.fetch_batch(v.len());
                 self.idle = false;
                 self.held = v;
@@ -309,6 +362,7 @@ impl FetchLoop {
             Ok(_) => {}
             Err(e) => {
                 self.may_hide_jobs |= worker.fetch.lost_reply_may_hide_jobs();
+                self.hidden_left |= worker.fetch.lost_reply_may_hide_jobs();
                 tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                 return tokio::select! {
                     _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
@@ -364,6 +418,7 @@ pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaph
         held: Vec::new(),
         idle: false,
         may_hide_jobs: false,
+        hidden_left: false,
     };
     while lp.round().await.is_ok() {}
     // Quiet: end the blocked pops and hand back everything fetched but not started.

@@ -1,6 +1,7 @@
 //! Runs one fetched job to its end and writes the outcome: ack (batched, see `fetch/`),
 //! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
-//! Outcome and ack go in one MULTI, so a crash never leaves a job both retried and fetchable.
+//! Outcome and ack land in one step (`fetch/mod.rs`, `settle`), so a crash never leaves a job
+//! both retried and fetchable.
 
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::error_class;
@@ -325,9 +326,9 @@ fn settle<'a>(
             worker.metrics.job_fate(ran.shown, &f.queue, counted);
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
-            let mut pipe = redis::pipe();
-            retry::add_to_pipeline(&mut pipe, &decision);
-            Some(Box::pin(async move { worker.fetch.settle(&f, pipe).await }))
+            Some(Box::pin(async move {
+                worker.fetch.settle(&f, decision.record()).await
+            }))
         }
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
@@ -361,12 +362,8 @@ async fn not_run(worker: &Worker, f: UnitOfWork, why: NotRun, shown: &str, jid: 
         error_class = error_class::UNSUPPORTED,
         "job {jid} not run: {why}"
     );
-    let mut pipe = redis::pipe();
-    retry::add_dead(
-        &mut pipe,
-        &retry::dead_entry(&f.raw, error_class::UNSUPPORTED, &why),
-    );
-    worker.fetch.settle(&f, pipe).await;
+    let entry = retry::dead_entry(&f.raw, error_class::UNSUPPORTED, &why);
+    worker.fetch.settle(&f, retry::Record::Dead(&entry)).await;
 }
 
 /// A run its shutdown interrupted: back on its queue with its count raised, or, past the
@@ -395,9 +392,7 @@ fn interrupted<'a>(
                     "moved to dead"
                 }
             );
-            let mut pipe = redis::pipe();
-            retry::add_to_pipeline(&mut pipe, &decision);
-            Box::pin(async move { worker.fetch.settle(&f, pipe).await })
+            Box::pin(async move { worker.fetch.settle(&f, decision.record()).await })
         }
     }
 }
@@ -456,9 +451,7 @@ async fn bury_garbage(worker: &Worker, f: &UnitOfWork, why: &str, entry: &[u8]) 
         if entry == &f.raw[..] { " as is" } else { "" },
         if cut { " (payload cut in this line)" } else { "" });
     worker.metrics.garbage(&f.queue);
-    let mut pipe = redis::pipe();
-    retry::add_dead(&mut pipe, entry);
-    worker.fetch.settle(f, pipe).await;
+    worker.fetch.settle(f, retry::Record::Dead(entry)).await;
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

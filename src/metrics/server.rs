@@ -1,9 +1,11 @@
 //! The Prometheus endpoint on `--metrics-addr`: `/metrics` (the text of [`Metrics::render`])
-//! and `/health`, which fails once Redis has been unreachable for longer than a beat. A tiny
+//! and `/health`, which fails once Redis has been unreachable for longer than a beat, or while
+//! the command guardian does not answer (`commands/guardian/watchdog.rs`). A tiny
 //! HTTP/1.1 server of its own, bounded in connections and time so no client can grow our
 //! memory or hold a task. Touches no Redis keys.
 
 use crate::metrics::prometheus::Metrics;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,6 +17,15 @@ const MAX_CONNECTIONS: usize = 64;
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest request head read; the path is all we look at.
 const MAX_HEAD: usize = 16 * 1024;
+
+/// Whether the command guardian answered its last ping in time (`commands/guardian/watchdog.rs`).
+/// One per process, as the guardian is.
+static GUARDIAN_SILENT: AtomicBool = AtomicBool::new(false);
+
+/// Record whether the command guardian answers: `/health` fails while it does not.
+pub fn guardian_answers(yes: bool) {
+    GUARDIAN_SILENT.store(!yes, Ordering::Relaxed);
+}
 
 /// Serve `/metrics` and `/health` on `addr` until the process ends.
 pub async fn serve(
@@ -77,6 +88,11 @@ async fn answer(mut sock: TcpStream, metrics: &Metrics, beat_ms: i64) {
 fn route(path: &str, metrics: &Metrics, beat_ms: i64) -> (&'static str, String, &'static str) {
     match path {
         "/metrics" => ("200 OK", metrics.render(), "text/plain; version=0.0.4"),
+        "/health" if GUARDIAN_SILENT.load(Ordering::Relaxed) => (
+            "503 Service Unavailable",
+            "command guardian not answering: replaced, its commands killed\n".to_string(),
+            "text/plain",
+        ),
         // The last good beat is at most one interval plus that beat's own round trip old
         // while Redis answers; two intervals means at least one whole beat went unanswered
         // (a beat that hangs on a silent Redis counts too).

@@ -8,7 +8,8 @@
 //! A frozen process (SIGSTOP, VM pause) cannot stop anything itself, so our command guardian
 //! (`commands/guardian/`, a separate process) gets a countdown per command from us on its socket and
 //! kills that command's group when it runs out: that budget is [`Liveness::guardian_budget`],
-//! which never lets a command outlive the alive key. Touches no Redis keys itself.
+//! which never lets a command outlive the alive key (a phase's command also gets its lock's
+//! deadline as a bound, `commands/child.rs`). Touches no Redis keys itself.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -46,7 +46,11 @@ rcli() { timeout 5 redis-cli -p "$port" "$@"; }
 # watcher outside the phase's process group once the phase is gone (a KILLed phase writes no
 # E line, and KILL cannot be trapped): the checker takes E, else D, as the phase's end.
 # The watcher reads a pipe whose only writers are the phase and its children, so it sees EOF
-# the moment they are dead (a `kill -0` poll would still see an unreaped zombie).
+# the moment they are dead (a `kill -0` poll would still see an unreaped zombie). The phase
+# writes its S line only once the watcher has left its process group (its own session): a
+# group KILL a moment earlier (its worker SIGKILLed, the guardian killing the group) would
+# take the watcher too, and the phase would have no end line at all; the checker then had
+# only the planned end and could not tell a late kill from a holder that overlapped.
 # Fields: S|E|D marquee fence start_us end_us worker_pid jid phase. One echo = one O_APPEND
 # write. Times come from bash's $EPOCHREALTIME (no fork between the event and its stamp).
 cat >"$proj/jobs/bin/phase" <<'EOF'
@@ -58,6 +62,12 @@ len=$(( ($$ * 7919 + start) % 190000 + 10000 ))
 rest="$w $PLAYGUARD_JID $PLAYGUARD_PHASE"
 export D_HEAD="D $m $PLAYGUARD_FENCE $start" D_REST="$rest"
 exec 9> >(exec setsid bash -c 'cat >/dev/null; echo "$D_HEAD ${EPOCHREALTIME/./} $D_REST" >> ledger' >/dev/null 2>&1)
+wp=$!
+read -r _ _ _ _ _ own _ < /proc/$$/stat
+while [ -e /proc/$wp ]; do
+  read -r _ _ _ _ _ sid _ < /proc/$wp/stat 2>/dev/null || break
+  [ "$sid" = "$own" ] || break
+done
 echo "S $m $PLAYGUARD_FENCE $start $((start + len)) $rest" >> ledger
 sleep "$((len / 1000000)).$(printf %06d $((len % 1000000)))"
 echo "E $m $PLAYGUARD_FENCE $start ${EPOCHREALTIME/./} $rest" >> ledger

@@ -55,6 +55,10 @@ pub(crate) struct Conn {
     table: Mutex<Table>,
     next: AtomicU64,
     dead: AtomicBool,
+    /// The guardian's pid, to kill it when it stops answering (`watchdog.rs`).
+    pub(super) pid: i32,
+    /// Since when a ping waits for its answer (`watchdog.rs`), and whether one was answered.
+    pub(super) ping: Mutex<super::watchdog::Ping>,
 }
 
 static CURRENT: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
@@ -113,7 +117,10 @@ fn start() -> std::io::Result<Arc<Conn>> {
         }),
         next: AtomicU64::new(1),
         dead: AtomicBool::new(false),
+        pid: child.id() as i32,
+        ping: Mutex::default(),
     });
+    super::watchdog::start(&conn)?;
     let w = sock.clone();
     // Not the Conn itself: this thread ends when the last Conn (and so the sender) is gone.
     let wc = Arc::downgrade(&conn);
@@ -184,6 +191,24 @@ impl Conn {
             }
         }
         queue(&mut out, bytes, fds)
+    }
+}
+
+impl Conn {
+    /// Whether this guardian has been declared gone (its socket ended, or it stopped
+    /// answering).
+    pub(super) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Commands registered and not yet reported ended.
+    pub(super) fn busy(&self) -> bool {
+        !self.table.lock().unwrap().entries.is_empty()
+    }
+
+    /// Send a frame that carries no fds (a ping).
+    pub(super) fn send_plain(&self, bytes: Vec<u8>) {
+        let _ = self.send(bytes, Vec::new());
     }
 }
 
@@ -319,6 +344,10 @@ fn dispatch(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), ()> {
                     let _ = e.tx.send(Event::NotStarted { errno, message });
                 }
             }
+            b'p' => {
+                drop(t);
+                super::watchdog::answered(conn);
+            }
             b'x' => {
                 let Some(st) = b.i32() else { return };
                 if let Some(e) = t.entries.remove(&id) {
@@ -333,7 +362,7 @@ fn dispatch(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), ()> {
 
 /// The guardian is gone (or speaks nonsense): nobody watches these commands any more, so
 /// they die now, and their `run`s see the channel close (a spawn failure).
-fn fail_all(conn: &Conn) {
+pub(super) fn fail_all(conn: &Conn) {
     conn.dead.store(true, Ordering::Release);
     let entries = {
         let mut t = conn.table.lock().unwrap();
@@ -411,7 +440,7 @@ impl Conn {
 }
 
 impl Handle {
-    /// Tell the guardian this command may run `budget` more seconds without hearing again.
+    /// Tell the guardian this command may run `budget` more milliseconds without hearing again.
     pub(crate) fn keepalive(&self, budget: u64) {
         let f = Frame::new(b'K').u64(self.id).u64(budget).done();
         let _ = self.conn.send(f, Vec::new());

@@ -11,15 +11,18 @@
 //!
 //! Protocol (frames `[u32 length][u8 tag][body]`, integers little-endian, strings
 //! `[u32 length][bytes]`):
-//! - worker → guardian `S` spawn: id u64, budget u64 (whole seconds, 0 = no watchdog),
+//! - worker → guardian `S` spawn: id u64, budget u64 (milliseconds, 0 = no watchdog),
 //!   program, argv, env pairs; stdin, stdout and stderr ride along as SCM_RIGHTS fds.
-//! - worker → guardian `K` keepalive: id u64, budget u64 (the countdown starts again).
+//! - worker → guardian `K` keepalive: id u64, budget u64 (milliseconds; the countdown starts
+//!   again).
 //! - guardian → worker `s` started: id u64, pid i32 (the process group id too). Held up to
 //!   2 ms (`START_HOLD`) so that a short command's start and exit go in one write. (Should
 //!   the guardian be killed inside those 2 ms, the worker cannot kill that one command's
 //!   group: it never learnt the pid. It then runs to its end unwatched.)
 //! - guardian → worker `e` not started: id u64, errno i32 (-1: none), message.
 //! - guardian → worker `x` exited: id u64, raw wait status i32.
+//! - worker → guardian `P` ping: 0 u64; guardian → worker `p` its answer: 0 u64. A guardian
+//!   that leaves a ping unanswered too long is replaced (`watchdog.rs`).
 //!
 //! The guardian SIGKILLs a group when its countdown runs out (the frozen-worker case,
 //! [`crate::process::liveness::Liveness::guardian_budget`]), right after its leader exited (nothing of
@@ -30,6 +33,7 @@
 mod client;
 mod frame;
 mod process;
+mod watchdog;
 
 pub(crate) use client::{cloexec_pipe, get, Event, Handle};
 

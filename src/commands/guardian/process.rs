@@ -255,7 +255,8 @@ impl Guardian {
                             pid,
                             Group {
                                 id,
-                                deadline: budget.map(|s| Instant::now() + Duration::from_secs(s)),
+                                deadline: budget
+                                    .map(|ms| Instant::now() + Duration::from_millis(ms)),
                                 watched: budget.is_some(),
                             },
                         );
@@ -273,13 +274,15 @@ impl Guardian {
                     ),
                 }
             }
+            // The worker's watchdog asks whether we still answer (`watchdog.rs`).
+            b'P' => self.out.extend_from_slice(&Frame::new(b'p').u64(0).done()),
             b'K' => {
                 let (Some(id), Some(budget)) = (b.u64(), b.u64()) else {
                     return;
                 };
                 if let Some(gr) = self.ids.get(&id).and_then(|p| self.groups.get_mut(p)) {
                     if gr.watched {
-                        gr.deadline = Some(Instant::now() + Duration::from_secs(budget));
+                        gr.deadline = Some(Instant::now() + Duration::from_millis(budget));
                     }
                 }
             }
