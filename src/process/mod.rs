@@ -1,8 +1,9 @@
 //! This process's own state, shared by every layer above: its identity, the one-way quiet and
 //! stop state, the slot table of what each slot runs, and the liveness lease a job's commands
-//! are stopped by. Touches no Redis keys.
+//! are stopped by, and what it tells systemd (notify.rs). Touches no Redis keys.
 
 pub mod identity;
 pub mod liveness;
+pub mod notify;
 pub mod shutdown;
 pub mod slots;
