@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the package build.sh made, checks what it put on the machine, and removes it:
 # the installed binary runs (--version, `check` against a redis-server started here on a free
-# loopback port and stopped by PID), the completions and man page sit at their standard paths,
+# loopback port and stopped by PID), the completions and man pages sit at their standard paths,
 # `systemd-analyze verify` accepts the unit, and `dpkg -r` (then --purge, for the conffile)
 # takes it all away again.
 # Run as root (dpkg).
@@ -23,7 +23,8 @@ test "$(/usr/bin/playguard --version)" = "playguard $version"
 for f in /usr/share/bash-completion/completions/playguard \
          /usr/share/zsh/vendor-completions/_playguard \
          /usr/share/fish/vendor_completions.d/playguard.fish \
-         /usr/share/man/man1/playguard.1.gz \
+         /usr/share/man/man1/playguard.1.gz /usr/share/man/man1/playguard-run.1.gz \
+         /usr/share/man/man1/playguard-locks.1.gz \
          /usr/lib/systemd/system/playguard.service /etc/default/playguard; do
   test -s "$f" || { echo "missing or empty: $f" >&2; exit 1; }
 done

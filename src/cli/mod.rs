@@ -50,9 +50,9 @@ enum Cmd {
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(hide = true)]
     Completions { shell: clap_complete::Shell },
-    /// Print the man page (roff).
+    /// Print the man page (roff), or write one page per command into DIR.
     #[command(hide = true)]
-    Man,
+    Man { dir: Option<PathBuf> },
 }
 
 #[derive(Subcommand)]
@@ -293,7 +293,7 @@ pub fn main_with(registry: Registry) -> i32 {
         Some(Cmd::Enqueue(a)) => enqueue(a),
         Some(Cmd::Check(a)) => check(a, &registry),
         Some(Cmd::Completions { shell }) => generate::completions(Cli::command(), shell),
-        Some(Cmd::Man) => generate::man(Cli::command()),
+        Some(Cmd::Man { dir }) => generate::man(Cli::command(), dir.as_deref()),
         Some(Cmd::Db(DbCmd::Schema)) => {
             print!("{}", crate::connections::db::SCHEMA);
             0
