@@ -14,7 +14,7 @@
 //! - `launcher/`: builds a worker, starts its loops, stops it (Sidekiq's Launcher).
 //! - `ops/`: the operator commands `playguard locks` and `playguard cycles`.
 //! - `loops/`: the side loops: heartbeat (with its queue and eviction checks), sweeper,
-//!   scheduled poller, periodic fan-out.
+//!   scheduled poller, periodic fan-out, systemd's status and watchdog.
 //! - `manager/`: the loop that feeds free slots (Sidekiq's Manager) and the processor that
 //!   runs one job and settles it through the fetch strategy (Sidekiq's Processor).
 //! - `worker/`: the state one worker shares between its loops, its configuration, and the
@@ -29,8 +29,8 @@
 //! - `job/`: the payload, its queue, the handler registry, retry and dead, the push.
 //! - `metrics/`: Prometheus and its HTTP server (with the Redis-state gauges); the Sidekiq
 //!   Metrics tab.
-//! - `process/`: this process's identity, shutdown state, slot table, liveness lease, and what
-//!   it knows of Redis's state.
+//! - `process/`: this process's identity, shutdown state, slot table, liveness lease, what it
+//!   knows of Redis's state, and sd_notify.
 //! - `connections/`: Redis (one server, Sentinel, the shared and blocking connections),
 //!   PostgreSQL and its TLS, redaction of secrets.
 //! - `logging/`: line formats, a job's log scope and lines, the one writer thread.

@@ -1,5 +1,6 @@
 //! The command line, with Sidekiq's habits: `playguard [run]`, `playguard enqueue`,
-//! `playguard check`. Flags win over `-C config/sidekiq.yml`, which wins over Sidekiq 7's
+//! `playguard check`, and the hidden `completions` and `man` the package is built with
+//! (`generate.rs`). Flags win over `-C config/sidekiq.yml`, which wins over Sidekiq 7's
 //! defaults. A configuration error is one clear line and a non-zero exit.
 
 use crate::fetch::FetchMode;
@@ -11,7 +12,9 @@ use crate::worker::config::{self, Config};
 use crate::worker::error::{
     database_error, open_redis, parse_database, redis_version, report, StartError,
 };
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+
+mod generate;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -44,6 +47,12 @@ enum Cmd {
     Locks(LocksArgs),
     /// List recent cycles from the ledger (PostgreSQL), or the running ones Redis knows.
     Cycles(CyclesArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff), or write one page per command into DIR.
+    #[command(hide = true)]
+    Man { dir: Option<PathBuf> },
 }
 
 #[derive(Subcommand)]
@@ -118,7 +127,7 @@ struct RunArgs {
     /// A job interrupted by shutdown more than N times goes to dead. Default 3.
     #[arg(long = "max-interruptions")]
     max_interruptions: Option<u32>,
-    /// Serve Prometheus /metrics and /health here, e.g. 127.0.0.1:9394.
+    /// Serve Prometheus /metrics, /health and /ready here, e.g. 127.0.0.1:9394.
     #[arg(long = "metrics-addr")]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Write the Metrics-tab keys of Sidekiq 7.x, 8.x, both (default) or none (off).
@@ -294,6 +303,8 @@ pub fn main_with(registry: Registry) -> i32 {
         Some(Cmd::Run(a)) => run(a, registry),
         Some(Cmd::Enqueue(a)) => enqueue(a),
         Some(Cmd::Check(a)) => check(a, &registry),
+        Some(Cmd::Completions { shell }) => generate::completions(Cli::command(), shell),
+        Some(Cmd::Man { dir }) => generate::man(Cli::command(), dir.as_deref()),
         Some(Cmd::Db(DbCmd::Schema)) => {
             print!("{}", crate::connections::db::SCHEMA);
             0

@@ -4,7 +4,7 @@
 //! working lists -> heartbeat cleared (`processes`, `<identity>:work`) -> exit 0.
 
 use crate::job::handler::Registry;
-use crate::loops::{heartbeat, periodic, scheduled, sweeper};
+use crate::loops::{heartbeat, periodic, scheduled, sweeper, watchdog};
 use crate::manager;
 use crate::manifest::jobs as manifest_jobs;
 use crate::manifest::PeriodicSpec;
@@ -87,6 +87,10 @@ fn apply_signal(worker: &Worker, sig: Signal, remote: bool) {
                     timeout_secs = worker.config.timeout.as_secs_f64(),
                     "{from}{name}: shutting down; running jobs get until the deadline"
                 );
+                crate::process::notify::stopping(&format!(
+                    "stopping ({name}): running jobs get {} s",
+                    worker.config.timeout.as_secs_f64()
+                ));
             }
         }
         Signal::Quiet => {
@@ -275,13 +279,15 @@ async fn build(
         state,
     ));
     if let Some(addr) = worker.config.metrics_addr {
-        crate::metrics::server::serve(
-            addr,
-            worker.metrics.clone(),
-            worker.config.beat_interval.as_millis() as i64,
-        )
-        .await
-        .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
+        let probes = crate::metrics::server::Probes {
+            metrics: worker.metrics.clone(),
+            beat_ms: worker.config.beat_interval.as_millis() as i64,
+            shutdown: worker.shutdown.clone(),
+            liveness: worker.liveness.clone(),
+        };
+        crate::metrics::server::serve(addr, probes)
+            .await
+            .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
     }
     tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
         queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
@@ -346,10 +352,13 @@ fn new_worker(
 struct Loops {
     signals: tokio::task::JoinHandle<()>,
     beat: tokio::task::JoinHandle<()>,
+    /// systemd's status and watchdog loop (loops/watchdog.rs), ended with the beat.
+    notify: tokio::task::JoinHandle<()>,
     side: tokio::task::JoinSet<()>,
 }
 
-/// Listen for signals, land the first heartbeat, then start the heartbeat loop, the sweeper,
+/// Listen for signals, land the first heartbeat (then READY=1 to systemd, with NOTIFY_SOCKET),
+/// then start the heartbeat loop, systemd's status and watchdog loop, the sweeper,
 /// the scheduled poller and one periodic loop per schedule.
 async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpec>) -> Loops {
     let root = crate::logging::root().clone();
@@ -366,14 +375,19 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     // Beat before fetching: with reliable fetch our working lists must be registered (and
     // claimed by a live process) before they hold anything, or a crash could orphan them
     // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
+    let mut landed = true;
     while let Err(e) = beat_once(worker, &info).await {
         tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = worker.shutdown.quieted() => break,
+            _ = worker.shutdown.quieted() => { landed = false; break }
         }
     }
+    if landed {
+        watchdog::ready(worker);
+    }
     let beat = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
+    let notify = tokio::spawn(watchdog::run(worker.clone()).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
     if worker.fetch.recovers_orphans() {
         side.spawn(sweeper::run(worker.clone()).instrument(root.clone()));
@@ -385,6 +399,7 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     Loops {
         signals,
         beat,
+        notify,
         side,
     }
 }
@@ -418,6 +433,7 @@ async fn stop(worker: &Worker, mut loops: Loops, credits: &Semaphore, credits_to
         }
     }
     loops.beat.abort();
+    loops.notify.abort();
     loops.signals.abort();
     if let Err(e) = heartbeat::clear(worker).await {
         tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");

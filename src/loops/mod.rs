@@ -1,7 +1,8 @@
 //! The side loops one worker runs beside its fetch: the heartbeat (Sidekiq's process keys and
 //! our lease, with its read-only checks of the queues' keys and of the eviction policy), the
-//! sweeper (dead processes' jobs and locks), the scheduled poller (`retry` and `schedule`) and
-//! the periodic fan-out; `capsules.rs` builds the heartbeat info's `capsules`. Keys: those of
+//! sweeper (dead processes' jobs and locks), the scheduled poller (`retry` and `schedule`), the
+//! periodic fan-out, and the systemd status and watchdog loop; `capsules.rs` builds the
+//! heartbeat info's `capsules`. Keys: those of
 //! each loop.
 
 pub mod capsules;
@@ -11,3 +12,4 @@ pub mod periodic;
 pub mod queue_heads;
 pub mod scheduled;
 pub mod sweeper;
+pub mod watchdog;
