@@ -22,5 +22,7 @@ pub const BAD_ARGUMENTS: &str = "Playguard::BadArguments";
 pub const LOCK_ERROR: &str = "Playguard::LockError";
 /// error_class of a job recovered from dead workers too often (a poison pill).
 pub const POISON_PILL: &str = "Playguard::PoisonPill";
+/// The error of a `lock_lost` report: a cycle ended because its lock was no longer provably ours.
+pub const LOCK_LOST: &str = "Playguard::LockLost";
 /// A Rust handler or a phase that panicked.
 pub const PANIC: &str = "Playguard::Panic";

@@ -8,4 +8,5 @@ pub mod error_class;
 pub mod handler;
 pub mod payload;
 pub mod queues;
+pub mod report;
 pub mod retry;

@@ -244,13 +244,15 @@ async fn build(
     };
     let identity = crate::process::identity::new_identity();
     let db = open_database(&config, &identity).await?;
+    let sentry = crate::report::to_sentry::from_env(manifest_jobs::report_args(&manifest))
+        .map_err(StartError::Config)?;
     let worker = Arc::new(new_worker(
         config,
         registry,
         shutdown,
         (client, conn),
         db,
-        identity,
+        (identity, sentry, manifest_jobs::hooks(&manifest)),
     ));
     if let Some(addr) = worker.config.metrics_addr {
         crate::metrics::server::serve(
@@ -278,7 +280,11 @@ fn new_worker(
         crate::connections::redis_conn::Conn,
     ),
     db: Option<crate::connections::db::Db>,
-    identity: String,
+    (identity, sentry, hooks): (
+        String,
+        Option<crate::report::to_sentry::SentryOut>,
+        Vec<crate::report::hooks::Hook>,
+    ),
 ) -> Worker {
     let fetch =
         crate::fetch::FetchStrategy::new(config.fetch, &identity, conn.clone(), shutdown.clone());
@@ -290,7 +296,13 @@ fn new_worker(
     let metrics = Arc::new(crate::metrics::prometheus::Metrics::default());
     metrics.know_classes(registry.classes());
     let locks_record = Worker::locks_record_for(&identity, &fetch);
+    let reporter = Arc::new(crate::report::FailureReporter::new(
+        sentry,
+        hooks,
+        metrics.clone(),
+    ));
     let worker = Worker {
+        reporter,
         locks_record,
         client,
         conn,
@@ -312,6 +324,9 @@ fn new_worker(
     );
     worker
 }
+
+/// How long a clean stop waits for failure hooks still running.
+const HOOKS_AT_EXIT: Duration = Duration::from_secs(10);
 
 /// The loops a running worker has beside its manager.
 struct Loops {
@@ -393,6 +408,7 @@ async fn stop(worker: &Worker, mut loops: Loops, credits: &Semaphore, credits_to
     if let Err(e) = heartbeat::clear(worker).await {
         tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");
     }
+    worker.reporter.close(HOOKS_AT_EXIT).await;
     tracing::info!("bye");
 }
 

@@ -7,12 +7,13 @@
 //! A payload recovered `MAX_RECOVERIES` times (counted in the `playguard:recovered` hash, a
 //! count forgotten after 7 days without a recovery via `playguard:recovered:at`) is a poison
 //! pill: it goes to `dead` with the reason (through `playguard:poison`, so the dead entry is
-//! built from the exact string in Rust).
+//! built from the exact string in Rust), and reported once (Sentry, `poison` and `death` hooks).
 //! Before its jobs go back, a dead process's token locks are released from the record its
 //! cycles keep in `playguard:locks:<identity>` (compare-and-delete on each lock key), so a
 //! recovered cycle is not skipped as "already locked" by its own dead holder.
 
 use crate::job::error_class;
+use crate::job::report::{Kind, Report, Reporter};
 use crate::process::identity::hostname;
 use crate::process::liveness::{alive_key, FETCHERS_KEY};
 use crate::worker::Worker;
@@ -261,23 +262,42 @@ async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
         .arg(-1)
         .query_async(&mut conn)
         .await?;
+    let message = format!(
+        "recovered {MAX_RECOVERIES} times from workers that died while running it \
+         (killed, OOM or lost host); not run again"
+    );
     for raw in pills {
-        let payload = crate::job::retry::dead_entry(
-            &raw,
-            error_class::POISON_PILL,
-            &format!(
-                "recovered {MAX_RECOVERIES} times from workers that died while running it \
-                 (killed, OOM or lost host); not run again"
-            ),
-        );
+        let payload = crate::job::retry::dead_entry(&raw, error_class::POISON_PILL, &message);
         tracing::error!(payload = %String::from_utf8_lossy(&raw), "poison pill: moved to the dead set");
         let mut pipe = redis::pipe();
         pipe.atomic();
         crate::job::retry::add_dead(&mut pipe, &payload);
-        pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw).ignore();
-        pipe.query_async::<()>(&mut conn).await?;
+        pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw);
+        let (removed,): (i64,) = pipe.query_async(&mut conn).await?;
+        // Reported by the sweep that took it off the poison list: once, however many swept.
+        if removed == 1 {
+            worker
+                .reporter
+                .report(poison_report(&raw, payload, &message));
+        }
     }
     Ok(())
+}
+
+/// The report of a buried poison pill (a death too): its dead entry, the queue it came from.
+fn poison_report(raw: &[u8], entry: Vec<u8>, message: &str) -> Report {
+    let queue = serde_json::from_slice::<Value>(raw)
+        .ok()
+        .and_then(|v| v.get("queue").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default();
+    Report {
+        kind: Kind::Poison,
+        died: true,
+        queue: queue.into(),
+        payload: String::from_utf8_lossy(&entry).into_owned(),
+        error: crate::job::retry::Failure::new(error_class::POISON_PILL, message),
+        phase: None,
+    }
 }
 
 /// Sweep now and every SWEEP_EVERY until stopping.

@@ -1,11 +1,13 @@
 //! Runs one fetched job to its end and writes the outcome: ack (batched, see `fetch/`),
 //! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
 //! Outcome and ack go in one MULTI, so a crash never leaves a job both retried and fetchable.
+//! Once written, a failure is handed to the worker's failure reporter (`report/`).
 
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::error_class;
 use crate::job::handler::{Handler, JobContext, Outcome};
 use crate::job::payload::Job;
+use crate::job::report::Reporter;
 use crate::job::retry::{self, Decision, Failure};
 use crate::metrics::prometheus::{JobEnd, JobFate};
 use crate::process::liveness::JobLease;
@@ -217,6 +219,7 @@ fn context(
         db: worker.db.clone(),
         liveness: lease.clone(),
         locks_record: worker.locks_record.clone(),
+        reporter: worker.reporter.clone(),
         slot: Some(slot.clone()),
     }
 }
@@ -323,7 +326,12 @@ fn settle<'a>(
                 error = %failure.message, "fail: {fate}");
             let mut pipe = redis::pipe();
             retry::add_to_pipeline(&mut pipe, &decision);
-            Some(Box::pin(async move { worker.fetch.settle(&f, pipe).await }))
+            let report = crate::report::failed_run(job, &f.queue, failure, &decision, ran.known);
+            // Reported once the outcome is written: a death is told once it happened.
+            Some(Box::pin(async move {
+                worker.fetch.settle(&f, pipe).await;
+                worker.reporter.report(report);
+            }))
         }
         Outcome::Requeue => {
             // As Sidekiq's hard shutdown: counted as processed and failed, pushed back once.
@@ -397,6 +405,13 @@ async fn bury_garbage(worker: &Worker, f: &UnitOfWork, why: &str, entry: &[u8]) 
     let mut pipe = redis::pipe();
     retry::add_dead(&mut pipe, entry);
     worker.fetch.settle(f, pipe).await;
+    let class = error_class::INVALID_PAYLOAD;
+    let why = why
+        .strip_prefix(class)
+        .map_or(why, |w| w.trim_start_matches(": "));
+    worker
+        .reporter
+        .report(crate::report::buried(&f.queue, entry, class, why));
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

@@ -1,0 +1,139 @@
+//! Failure reports leave the worker here: to Sentry (`to_sentry.rs`, behind the rate limit of
+//! `limit.rs`) and to the manifest's hooks (`hooks.rs`). Every outcome path hands its report
+//! to [`FailureReporter`] through `job::report::Reporter` (the processor for failed and dead
+//! runs and bad payloads, the cycle engine for lost locks, the sweeper for poison pills) after
+//! its Redis write; nothing here waits or can change the outcome. Touches no Redis keys.
+
+pub mod hooks;
+pub mod limit;
+pub mod to_sentry;
+
+use crate::job::payload::Job;
+use crate::job::report::{Kind, Report, Reporter};
+use crate::job::retry::{self, Decision, Failure};
+use crate::metrics::prometheus::Metrics;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A worker's failure reporting: Sentry when `SENTRY_DSN` is set, and its hooks.
+pub struct FailureReporter {
+    sentry: Option<to_sentry::SentryOut>,
+    hooks: hooks::Hooks,
+    metrics: Arc<Metrics>,
+}
+
+impl FailureReporter {
+    pub fn new(
+        sentry: Option<to_sentry::SentryOut>,
+        hooks: Vec<hooks::Hook>,
+        metrics: Arc<Metrics>,
+    ) -> FailureReporter {
+        FailureReporter {
+            sentry,
+            hooks: hooks::Hooks::new(hooks),
+            metrics,
+        }
+    }
+
+    /// At a clean stop: let running hooks end (up to `wait`) and send what Sentry still has
+    /// queued, so the failures of the last moments are not lost with the process.
+    pub async fn close(self: &Arc<Self>, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        while self.hooks.in_flight() > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.hooks.in_flight() > 0 {
+            tracing::warn!(
+                hooks = self.hooks.in_flight(),
+                "failure hooks still running at exit: stopped"
+            );
+        }
+        if self.sentry.is_some() {
+            let me = self.clone();
+            let flushed = tokio::task::spawn_blocking(move || {
+                me.sentry
+                    .as_ref()
+                    .is_none_or(|s| s.flush(to_sentry::FLUSH_TIMEOUT))
+            })
+            .await
+            .unwrap_or(false);
+            if !flushed {
+                tracing::warn!("Sentry: some events could not be sent before exit");
+            }
+        }
+    }
+}
+
+impl Reporter for FailureReporter {
+    fn report(&self, r: Report) {
+        let job: Value =
+            serde_json::from_str(&r.payload).unwrap_or_else(|_| Value::from(r.payload.as_str()));
+        if let Some(s) = &self.sentry {
+            let result = if s.send(&r, &job) {
+                "sent"
+            } else {
+                "suppressed"
+            };
+            self.metrics.inc(
+                "playguard_sentry_events_total",
+                vec![
+                    ("event", to_sentry::event_name(&r).to_string()),
+                    ("result", result.to_string()),
+                ],
+            );
+        }
+        self.hooks.fire(&r);
+    }
+}
+
+/// The report of a failed run: the entry written back (retry or dead) or, when nothing was
+/// written, the payload as popped; `known`: whether a handler ran it.
+pub fn failed_run(
+    job: &Job,
+    queue: &Arc<str>,
+    error: Failure,
+    decision: &Decision,
+    known: bool,
+) -> Report {
+    let payload = match decision {
+        Decision::Retry { payload, .. } | Decision::Dead { payload } => payload.clone(),
+        Decision::Discard => job.raw.to_string(),
+    };
+    Report {
+        kind: Kind::Failure,
+        died: died(job, decision, known),
+        queue: queue.clone(),
+        payload,
+        error,
+        phase: None,
+    }
+}
+
+/// Whether the job died with this failure: it went to `dead`, or its last retry was used up
+/// under `dead: false` (job_retry.rb runs the death handlers then too). Dropped under
+/// `retry: false`, or as a class nobody runs without `retry`, it did not: nothing was tried.
+fn died(job: &Job, decision: &Decision, known: bool) -> bool {
+    let msg = job.msg();
+    match decision {
+        Decision::Dead { .. } => true,
+        Decision::Retry { .. } => false,
+        Decision::Discard => {
+            msg.get("dead") == Some(&Value::Bool(false))
+                && retry::max_retries(msg).is_some()
+                && (known || !matches!(msg.get("retry"), None | Some(Value::Null)))
+        }
+    }
+}
+
+/// The report of a payload buried as it came (not a job, or not one we can read): a death.
+pub fn buried(queue: &Arc<str>, entry: &[u8], class: &str, message: &str) -> Report {
+    Report {
+        kind: Kind::Failure,
+        died: true,
+        queue: queue.clone(),
+        payload: String::from_utf8_lossy(entry).into_owned(),
+        error: Failure::new(class, message),
+        phase: None,
+    }
+}

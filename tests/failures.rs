@@ -1,0 +1,409 @@
+//! Failures reach the team: every path with real processes and a real redis-server, Sentry
+//! events received by a loopback HTTP listener the DSN points at (the `sentry` crate's own
+//! envelopes, decoded and checked field by field), and the manifest's hooks, each run writing
+//! the JSON it got on stdin to a file of its own. A failing job, a dying job, a poison pill
+//! and a lock-lost cycle each give exactly their event and exactly one run of each hook they
+//! fire; a flood of 1,000 failures of one class gives the rate-limited number of events while
+//! every job still goes to retry.
+mod support;
+
+use serde_json::Value;
+use std::time::{Duration, Instant};
+use support::*;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Writes its stdin to `hook-runs/<event>.<pid>.json` (renamed once whole), `$1` being the
+/// event the manifest names; PLAYGUARD_EVENT must agree.
+const HOOK: &str = "#!/bin/sh\nmkdir -p hook-runs\nf=hook-runs/$1.$$.json\n\
+    [ \"$PLAYGUARD_EVENT\" = \"$1\" ] || echo \"PLAYGUARD_EVENT=$PLAYGUARD_EVENT\" > hook-runs/wrong.$$\n\
+    cat > $f.tmp && mv $f.tmp $f\n";
+
+/// A `[[hook]]` per event, all running jobs/bin/hook with the event's name.
+fn hooks_manifest() -> String {
+    ["failure", "death", "lock_lost", "poison"]
+        .iter()
+        .map(|e| {
+            format!(
+                "[[hook]]\non = \"{e}\"\nrun = [\"jobs/bin/hook\", \"{e}\"]\ntimeout_secs = 10\n"
+            )
+        })
+        .collect()
+}
+
+/// The stdin JSON of every hook run so far, by event (sorted by event name).
+fn hook_runs(p: &Project) -> Vec<(String, Value)> {
+    let mut runs: Vec<(String, Value)> = std::fs::read_dir(p.path().join("hook-runs"))
+        .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|x| x == "json"))
+        .map(|f| {
+            let name = f.file_name().unwrap().to_string_lossy().to_string();
+            let event = name.split('.').next().unwrap().to_string();
+            let text = std::fs::read_to_string(&f).unwrap();
+            (
+                event,
+                serde_json::from_str(&text).expect("hook stdin is JSON"),
+            )
+        })
+        .collect();
+    runs.sort_by(|a, b| a.0.cmp(&b.0));
+    runs
+}
+
+fn events_of(runs: &[(String, Value)]) -> Vec<&str> {
+    runs.iter().map(|(e, _)| e.as_str()).collect()
+}
+
+/// A worker of `p` reporting to `sentry`, environment and release set as a Rails app sets them.
+fn worker(redis: &RedisServer, p: &Project, sentry: &SentryListener) -> Worker {
+    let w = Worker::builder(redis)
+        .jobs(p.path())
+        .env("SENTRY_DSN", sentry.dsn())
+        .env("SENTRY_ENVIRONMENT", "staging")
+        .env("SENTRY_RELEASE", "app@1.2.3")
+        .start();
+    w.wait_for_line("playguard starting", PATIENCE);
+    w
+}
+
+/// The fields every event has, whatever its path.
+fn check_common(e: &Value, class: &str, error_class: &str, event: &str) {
+    // The crate leaves out the protocol's default level, which is error.
+    assert!(e.get("level").is_none_or(|l| l == "error"), "{e}");
+    assert_eq!(e["environment"], "staging", "{e}");
+    assert_eq!(e["release"], "app@1.2.3", "{e}");
+    assert_eq!(e["transaction"], format!("Sidekiq/{class}"), "{e}");
+    assert_eq!(
+        e["fingerprint"],
+        serde_json::json!([class, error_class]),
+        "{e}"
+    );
+    assert_eq!(e["exception"]["values"][0]["type"], error_class, "{e}");
+    assert_eq!(e["tags"]["event"], event, "{e}");
+    assert_eq!(e["tags"]["class"], class, "{e}");
+    assert_eq!(e["tags"]["queue"], "default", "{e}");
+    assert_eq!(e["contexts"]["sidekiq"]["class"], class, "{e}");
+    assert_eq!(e["contexts"]["sidekiq"]["queue"], "default", "{e}");
+    assert_eq!(e["contexts"]["playguard"]["event"], event, "{e}");
+}
+
+#[test]
+fn a_failing_job_sends_one_failure_event_and_runs_its_failure_hook_once() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script(
+        "jobs/bin/fail",
+        "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\nexit 3\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"FailJob\"\nrun = [\"jobs/bin/fail\"]\n\
+           [[job]]\nclass = \"OpenJob\"\nrun = [\"jobs/bin/fail\"]\nreport_args = true\n"
+            .to_string()
+            + &hooks_manifest()),
+    );
+    let mut w = worker(&redis, &p, &sentry);
+    let jid = enqueue(
+        &redis,
+        &["FailJob", "\"secret@example.com\"", "--retry", "3"],
+    );
+    let open = enqueue(&redis, &["OpenJob", "\"visible\"", "--retry", "3"]);
+    wait_until("both jobs in the retry set", PATIENCE, || {
+        redis.zcard("retry") == 2
+    });
+    wait_until("two failure hook runs", PATIENCE, || {
+        hook_runs(&p).len() >= 2
+    });
+    w.stop(PATIENCE);
+    // After the clean stop (which flushes): exactly these, nothing more.
+    let events = sentry.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let e = events
+        .iter()
+        .find(|e| e["tags"]["jid"] == jid.as_str())
+        .unwrap();
+    check_common(e, "FailJob", "Playguard::CommandFailed", "failure");
+    assert_eq!(e["exception"]["values"][0]["value"], "disk full");
+    let ctx = &e["contexts"]["sidekiq"];
+    assert_eq!(ctx["jid"], jid.as_str());
+    assert_eq!(ctx["retry_count"], 0);
+    assert_eq!(ctx["error_class"], "Playguard::CommandFailed");
+    assert!(ctx.get("args").is_none(), "args only when opted in: {ctx}");
+    assert!(!e.to_string().contains("secret@example.com"), "{e}");
+    assert_eq!(
+        e["contexts"]["playguard"]["stderr"],
+        serde_json::json!(["checking disk", "disk full"])
+    );
+    assert_eq!(e["extra"]["suppressed"], 0);
+    let o = events
+        .iter()
+        .find(|e| e["tags"]["jid"] == open.as_str())
+        .unwrap();
+    check_common(o, "OpenJob", "Playguard::CommandFailed", "failure");
+    assert_eq!(
+        o["contexts"]["sidekiq"]["args"],
+        serde_json::json!(["visible"])
+    );
+    for (path, auth) in sentry.requests() {
+        assert_eq!(path, "/api/1/envelope/");
+        assert!(auth.contains("sentry_key=publickey"), "{auth}");
+    }
+    let runs = hook_runs(&p);
+    assert_eq!(events_of(&runs), ["failure", "failure"], "{runs:?}");
+    let run = &runs
+        .iter()
+        .find(|(_, v)| v["job"]["jid"] == jid.as_str())
+        .unwrap()
+        .1;
+    assert_eq!(run["event"], "failure");
+    assert_eq!(run["job"]["class"], "FailJob");
+    assert_eq!(
+        run["job"]["args"],
+        serde_json::json!(["secret@example.com"])
+    );
+    assert_eq!(run["job"]["retry_count"], 0);
+    assert_eq!(run["error"]["class"], "Playguard::CommandFailed");
+    assert_eq!(run["error"]["message"], "disk full");
+    assert_eq!(
+        run["error"]["stderr"],
+        serde_json::json!(["checking disk", "disk full"])
+    );
+    assert!(!p
+        .path()
+        .join("hook-runs")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .any(|f| f.file_name().to_string_lossy().starts_with("wrong")));
+}
+
+#[test]
+fn a_dying_job_sends_one_death_event_and_runs_failure_and_death_hooks_once_each() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script(
+        "jobs/bin/fail",
+        "#!/bin/sh\necho 'no such marquee' >&2\nexit 1\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"DieJob\"\nrun = [\"jobs/bin/fail\"]\n".to_string()
+            + &hooks_manifest()),
+    );
+    let mut w = worker(&redis, &p, &sentry);
+    let jid = enqueue(&redis, &["DieJob", "7", "--retry", "0"]);
+    wait_until("the job is dead", PATIENCE, || redis.zcard("dead") == 1);
+    wait_until("two hook runs", PATIENCE, || hook_runs(&p).len() >= 2);
+    w.stop(PATIENCE);
+    let events = sentry.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    check_common(e, "DieJob", "Playguard::CommandFailed", "death");
+    assert_eq!(e["tags"]["jid"], jid.as_str());
+    assert_eq!(e["exception"]["values"][0]["value"], "no such marquee");
+    assert_eq!(e["contexts"]["sidekiq"]["jid"], jid.as_str());
+    let runs = hook_runs(&p);
+    assert_eq!(events_of(&runs), ["death", "failure"], "{runs:?}");
+    for (event, run) in &runs {
+        assert_eq!(run["event"], event.as_str());
+        assert_eq!(run["job"]["jid"], jid.as_str());
+        assert_eq!(run["job"]["error_message"], "no such marquee");
+        assert_eq!(run["error"]["class"], "Playguard::CommandFailed");
+        assert_eq!(run["error"]["message"], "no such marquee");
+    }
+}
+
+#[test]
+fn a_poison_pill_sends_one_poison_event_and_runs_poison_and_death_hooks_once_each() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"PoisonJob\"\nrun = [\"jobs/bin/ok\"]\n".to_string()
+            + &hooks_manifest()),
+    );
+    // A worker that died holding the job for the third time: its fetcher entry without an
+    // alive key, the job in its working list, two recoveries already counted.
+    let dead = "ghost-host:4242:abcdef";
+    let payload = r#"{"class":"PoisonJob","args":[1],"jid":"0123456789abcdef01234567","queue":"default","retry":true,"created_at":1700000000.5,"enqueued_at":1700000000.5}"#;
+    let mut c = redis.conn();
+    let sha: String = redis::cmd("EVAL")
+        .arg("return redis.sha1hex(ARGV[1])")
+        .arg(0)
+        .arg(payload)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::pipe()
+        .hset(
+            "playguard:fetchers",
+            dead,
+            r#"{"queues":["default"],"ns":""}"#,
+        )
+        .ignore()
+        .lpush(format!("playguard:working:{dead}:default"), payload)
+        .ignore()
+        .hset("playguard:recovered", &sha, 2)
+        .ignore()
+        .zadd("playguard:recovered:at", &sha, 1_900_000_000)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    let mut w = worker(&redis, &p, &sentry);
+    wait_until("the pill is dead", PATIENCE, || redis.zcard("dead") == 1);
+    wait_until("two hook runs", PATIENCE, || hook_runs(&p).len() >= 2);
+    w.stop(PATIENCE);
+    let events = sentry.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    check_common(e, "PoisonJob", "Playguard::PoisonPill", "poison");
+    assert_eq!(e["tags"]["jid"], "0123456789abcdef01234567");
+    let msg = e["exception"]["values"][0]["value"].as_str().unwrap();
+    assert!(msg.contains("recovered 3 times"), "{msg}");
+    let runs = hook_runs(&p);
+    assert_eq!(events_of(&runs), ["death", "poison"], "{runs:?}");
+    for (event, run) in &runs {
+        assert_eq!(run["event"], event.as_str());
+        assert_eq!(run["job"]["jid"], "0123456789abcdef01234567");
+        assert_eq!(run["job"]["error_class"], "Playguard::PoisonPill");
+        assert_eq!(run["error"]["class"], "Playguard::PoisonPill");
+    }
+}
+
+#[test]
+fn a_lock_lost_cycle_sends_one_lock_lost_event_and_runs_its_hook_once() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script(
+        "jobs/bin/hold",
+        "#!/bin/sh\ntouch held\ni=0\nwhile [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n",
+    );
+    p.script("jobs/bin/after", "#!/bin/sh\ntouch after-ran\n");
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"MarqueeCycle\"\n\
+           lock = { key = \"playguard:marquee:{args.0}\", ttl_secs = 30 }\n\
+           [[job.phase]]\nname = \"hold\"\nrun = [\"jobs/bin/hold\"]\n\
+           [[job.phase]]\nname = \"after\"\nrun = [\"jobs/bin/after\"]\n"
+            .to_string()
+            + &hooks_manifest()),
+    );
+    let mut w = worker(&redis, &p, &sentry);
+    let jid = enqueue(&redis, &["MarqueeCycle", "9"]);
+    wait_until("the first phase runs", PATIENCE, || {
+        p.path().join("held").exists()
+    });
+    // Another holder takes the key while the phase runs: the renewal after it fails.
+    let _: () = redis::cmd("SET")
+        .arg("playguard:marquee:9")
+        .arg("someone-else")
+        .query(&mut redis.conn())
+        .unwrap();
+    p.write("go", "");
+    wait_until("the lock_lost hook ran", PATIENCE, || {
+        !hook_runs(&p).is_empty()
+    });
+    w.stop(PATIENCE);
+    assert!(w.saw("aborted: lock lost"), "{}", w.output());
+    assert!(
+        !p.path().join("after-ran").exists(),
+        "no phase after the lost lock"
+    );
+    let events = sentry.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    check_common(e, "MarqueeCycle", "Playguard::LockLost", "lock_lost");
+    assert_eq!(e["tags"]["jid"], jid.as_str());
+    assert_eq!(e["tags"]["phase"], "hold");
+    assert_eq!(e["contexts"]["playguard"]["phase"], "hold");
+    let msg = e["exception"]["values"][0]["value"].as_str().unwrap();
+    assert!(msg.starts_with("playguard:marquee:9: "), "{msg}");
+    assert!(
+        e["contexts"]["sidekiq"].get("args").is_none(),
+        "{}",
+        e["contexts"]["sidekiq"]
+    );
+    let runs = hook_runs(&p);
+    assert_eq!(events_of(&runs), ["lock_lost"], "{runs:?}");
+    let run = &runs[0].1;
+    assert_eq!(run["event"], "lock_lost");
+    assert_eq!(run["job"]["jid"], jid.as_str());
+    assert_eq!(run["job"]["args"], serde_json::json!([9]));
+    assert_eq!(run["error"]["class"], "Playguard::LockLost");
+    assert_eq!(run["error"]["phase"], "hold");
+    assert_eq!(redis.zcard("retry"), 0, "a lost lock is not retried");
+}
+
+#[test]
+fn a_flood_of_one_failure_is_rate_limited_and_every_job_still_goes_to_retry() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"FloodJob\"\nrun = [\"false\"]\n",
+    );
+    let port = free_port();
+    let payloads: Vec<String> = (0..1000)
+        .map(|i| {
+            format!(
+                r#"{{"class":"FloodJob","args":[{i}],"jid":"{}","queue":"default","retry":true,"created_at":1700000000.0,"enqueued_at":1700000000.0}}"#,
+                playguard::test_support::new_jid()
+            )
+        })
+        .collect();
+    push_to_default(&redis, &payloads);
+    let started = Instant::now();
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "10", "--metrics-addr", &format!("127.0.0.1:{port}")])
+        .env("SENTRY_DSN", sentry.dsn())
+        .start();
+    wait_until(
+        "every job in the retry set",
+        Duration::from_secs(300),
+        || redis.zcard("retry") == 1000,
+    );
+    let took = started.elapsed();
+    let samples = scrape(port);
+    let count = |result: &str| {
+        samples
+            .get(&format!(
+                "playguard_sentry_events_total{{event=\"failure\",result=\"{result}\"}}"
+            ))
+            .copied()
+            .unwrap_or(0.0) as u64
+    };
+    w.stop(PATIENCE);
+    let events = sentry.events();
+    // One per class and error per 60 s window: the first, then one per window begun since.
+    let allowed = 1 + took.as_secs() / 60;
+    eprintln!(
+        "1,000 failures in {took:?}: {} events sent, {} counted",
+        events.len(),
+        count("suppressed")
+    );
+    assert!(
+        !events.is_empty() && events.len() as u64 <= allowed,
+        "{} events in {took:?}",
+        events.len()
+    );
+    assert_eq!(count("sent"), events.len() as u64);
+    assert_eq!(count("sent") + count("suppressed"), 1000);
+    assert_eq!(events[0]["extra"]["suppressed"], 0);
+    // One line per window that began holding events back, not one per event.
+    let lines = w.count_lines("are counted, not sent");
+    assert!(lines >= 1 && lines <= events.len(), "{lines} lines");
+    assert_eq!(redis.zcard("retry"), 1000);
+    assert_eq!(redis.zcard("dead"), 0);
+}
