@@ -407,3 +407,108 @@ fn a_flood_of_one_failure_is_rate_limited_and_every_job_still_goes_to_retry() {
     assert_eq!(redis.zcard("retry"), 1000);
     assert_eq!(redis.zcard("dead"), 0);
 }
+
+#[test]
+fn a_failing_or_hung_hook_is_logged_once_and_never_holds_a_slot_or_changes_the_outcome() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/fail", "#!/bin/sh\necho 'boom' >&2\nexit 1\n");
+    p.script("jobs/bin/ok", "#!/bin/sh\ntouch ok-ran\n");
+    // Each hook notes its start in runs.txt; `slow` waits for `release`, `hangs` never ends.
+    p.script(
+        "jobs/bin/pager",
+        "#!/bin/sh\necho pager >> runs.txt\necho 'pager down' >&2\nexit 1\n",
+    );
+    p.script(
+        "jobs/bin/slow",
+        "#!/bin/sh\necho slow >> runs.txt\ni=0\nwhile [ ! -e release ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done\ntouch slow-done\n",
+    );
+    p.script(
+        "jobs/bin/hangs",
+        "#!/bin/sh\necho hangs >> runs.txt\nexec sleep 300\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"FailJob\"\nrun = [\"jobs/bin/fail\"]\n\
+         [[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n\
+         [[hook]]\non = \"failure\"\nrun = [\"jobs/bin/pager\"]\n\
+         [[hook]]\non = \"failure\"\nrun = [\"jobs/bin/slow\"]\ntimeout_secs = 120\n\
+         [[hook]]\non = \"failure\"\nrun = [\"jobs/bin/hangs\"]\ntimeout_secs = 1\n",
+    );
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
+    w.wait_for_line("playguard starting", PATIENCE);
+    let jid = enqueue(&redis, &["FailJob", "--retry", "3"]);
+    wait_until("the slow hook started", PATIENCE, || {
+        p.lines("runs.txt").contains(&"slow".to_string())
+    });
+    // The only slot is free again while the slow hook still runs: the next job runs.
+    enqueue(&redis, &["OkJob"]);
+    wait_until("the next job ran", PATIENCE, || {
+        p.path().join("ok-ran").exists()
+    });
+    assert!(
+        !p.path().join("slow-done").exists(),
+        "the slow hook is still running"
+    );
+    w.wait_for_line("hook timed out after 1s", PATIENCE);
+    w.wait_for_line("pager down", PATIENCE);
+    p.write("release", "");
+    wait_until("the slow hook ended", PATIENCE, || {
+        p.path().join("slow-done").exists()
+    });
+    w.wait_for_line("hook ran", PATIENCE);
+    w.stop(PATIENCE);
+    let mut runs = p.lines("runs.txt");
+    runs.sort();
+    assert_eq!(
+        runs,
+        ["hangs", "pager", "slow"],
+        "each hook ran once, none retried"
+    );
+    assert_eq!(
+        w.count_lines("hook failed (not retried"),
+        2,
+        "{}",
+        w.output()
+    );
+    let retry: Vec<String> = redis::cmd("ZRANGE")
+        .arg("retry")
+        .arg(0)
+        .arg(-1)
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(retry.len(), 1);
+    let entry: Value = serde_json::from_str(&retry[0]).unwrap();
+    assert_eq!(entry["jid"], jid.as_str());
+    assert_eq!(entry["retry_count"], 0);
+    assert_eq!(entry["error_message"], "boom");
+}
+
+#[test]
+fn a_bad_dsn_stops_the_start_and_a_good_one_never_reaches_the_log() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
+    );
+    let mut bad = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("SENTRY_DSN", "not a dsn")
+        .start();
+    assert_eq!(bad.wait_exit(PATIENCE), Some(2), "{}", bad.output());
+    assert!(bad.saw("SENTRY_DSN does not parse"), "{}", bad.output());
+    let sentry = SentryListener::start();
+    let dsn = sentry.dsn().replace("publickey", "k3y0f4s3cr3tpr0j3ct");
+    let mut good = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("SENTRY_DSN", &dsn)
+        .start();
+    good.wait_for_line("failures are reported to Sentry", PATIENCE);
+    good.stop(PATIENCE);
+    assert!(!good.output().contains("k3y0f4s3cr3t"), "{}", good.output());
+}

@@ -137,3 +137,56 @@ pub fn buried(queue: &Arc<str>, entry: &[u8], class: &str, message: &str) -> Rep
         phase: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn died_with(raw: &str, known: bool) -> bool {
+        let job = Job::parse("default", raw.to_string()).unwrap();
+        let f = Failure::new("E", "m");
+        let d = if known {
+            retry::decide(&job, &f)
+        } else {
+            retry::decide_unknown_class(&job, &f)
+        };
+        failed_run(&job, &"default".into(), f, &d, known).died
+    }
+
+    #[test]
+    fn death_as_sidekiqs_death_handlers_see_it() {
+        let base = r#""class":"X","args":[],"jid":"j""#;
+        assert!(!died_with(&format!("{{{base},\"retry\":3}}"), true));
+        assert!(died_with(&format!("{{{base},\"retry\":0}}"), true));
+        // Exhausted under dead: false: dropped, but the death handlers still run.
+        assert!(died_with(
+            &format!("{{{base},\"retry\":0,\"dead\":false}}"),
+            true
+        ));
+        // retry: false: nothing was tried, no death.
+        assert!(!died_with(&format!("{{{base},\"retry\":false}}"), true));
+        assert!(!died_with(
+            &format!("{{{base},\"retry\":false,\"dead\":false}}"),
+            true
+        ));
+        // A class nobody runs, without `retry`: dropped as job_retry.rb's global handler does.
+        assert!(!died_with(&format!("{{{base},\"dead\":false}}"), false));
+    }
+
+    #[test]
+    fn each_report_fires_its_hooks() {
+        use hooks::On;
+        let r = |kind, died| Report {
+            kind,
+            died,
+            queue: "q".into(),
+            payload: "{}".into(),
+            error: Failure::new("E", "m"),
+            phase: None,
+        };
+        assert_eq!(On::of(&r(Kind::Failure, false)), [On::Failure]);
+        assert_eq!(On::of(&r(Kind::Failure, true)), [On::Failure, On::Death]);
+        assert_eq!(On::of(&r(Kind::Poison, true)), [On::Poison, On::Death]);
+        assert_eq!(On::of(&r(Kind::LockLost, false)), [On::LockLost]);
+    }
+}
