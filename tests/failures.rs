@@ -512,3 +512,44 @@ fn a_bad_dsn_stops_the_start_and_a_good_one_never_reaches_the_log() {
     good.stop(PATIENCE);
     assert!(!good.output().contains("k3y0f4s3cr3t"), "{}", good.output());
 }
+
+#[test]
+fn a_sentry_that_never_answers_holds_up_no_job_and_no_exit() {
+    let redis = RedisServer::start();
+    // Accepts connections and never reads or answers them.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let held: Vec<_> = silent.incoming().flatten().collect();
+        drop(held);
+    });
+    let p = Project::new();
+    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
+    );
+    // 100 classes nobody runs: 100 failures the rate limit lets through, one per class.
+    let payloads: Vec<String> = (0..100)
+        .map(|i| {
+            format!(
+                r#"{{"class":"Gone{i}","args":[],"jid":"{}","queue":"default","retry":true,"created_at":1700000000.0,"enqueued_at":1700000000.0}}"#,
+                playguard::test_support::new_jid()
+            )
+        })
+        .collect();
+    push_to_default(&redis, &payloads);
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("SENTRY_DSN", format!("http://publickey@127.0.0.1:{port}/1"))
+        .start();
+    wait_until("every job in the retry set", PATIENCE, || {
+        redis.zcard("retry") == 100
+    });
+    w.stop(PATIENCE);
+    assert!(
+        w.saw("some events could not be sent before exit"),
+        "{}",
+        w.output()
+    );
+}

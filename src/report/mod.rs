@@ -38,7 +38,7 @@ impl FailureReporter {
 
     /// At a clean stop: let running hooks end (up to `wait`) and send what Sentry still has
     /// queued, so the failures of the last moments are not lost with the process.
-    pub async fn close(self: &Arc<Self>, wait: Duration) {
+    pub async fn close(&self, wait: Duration) {
         let deadline = Instant::now() + wait;
         while self.hooks.in_flight() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -49,16 +49,8 @@ impl FailureReporter {
                 "failure hooks still running at exit: stopped"
             );
         }
-        if self.sentry.is_some() {
-            let me = self.clone();
-            let flushed = tokio::task::spawn_blocking(move || {
-                me.sentry
-                    .as_ref()
-                    .is_none_or(|s| s.flush(to_sentry::FLUSH_TIMEOUT))
-            })
-            .await
-            .unwrap_or(false);
-            if !flushed {
+        if let Some(s) = &self.sentry {
+            if !s.flush().await {
                 tracing::warn!("Sentry: some events could not be sent before exit");
             }
         }

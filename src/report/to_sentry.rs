@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 const STDERR_LINES: usize = 20;
 /// How long a clean stop waits for queued events to leave.
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request to Sentry may take, connection included: past it that event is lost
+/// and the sending thread goes on with the next.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The Sentry side of a worker: its client, the rate limit, who opted in to `args`.
 pub struct SentryOut {
@@ -54,7 +57,12 @@ pub fn from_env(report_args: HashSet<String>) -> Result<Option<SentryOut>, Strin
     opts.server_name = Some(crate::process::identity::hostname().into());
     opts.default_integrations = false;
     opts.shutdown_timeout = FLUSH_TIMEOUT;
+    opts.transport = Some(Arc::new(TimedUreq));
     let client = Arc::new(sentry::Client::from(sentry::apply_defaults(opts)));
+    // Never dropped: dropping the client joins its sending thread, which may be inside a
+    // request (up to REQUEST_TIMEOUT per queued event); the process's exit must not wait for
+    // that. What is queued is flushed at a clean stop, within FLUSH_TIMEOUT (`flush`).
+    std::mem::forget(client.clone());
     tracing::info!(sentry = %shown, environment = %environment, release = release.as_deref().unwrap_or("-"),
         "failures are reported to Sentry");
     Ok(Some(SentryOut {
@@ -62,6 +70,31 @@ pub fn from_env(report_args: HashSet<String>) -> Result<Option<SentryOut>, Strin
         limiter: Limiter::new(crate::report::limit::INTERVAL),
         report_args,
     }))
+}
+
+/// The crate's ureq transport with our own agent: rustls (ring), and REQUEST_TIMEOUT on every
+/// request.
+struct TimedUreq;
+
+impl sentry::TransportFactory for TimedUreq {
+    fn create_transport_with_options(
+        &self,
+        options: sentry::TransportOptions,
+    ) -> Arc<dyn sentry::Transport> {
+        let tls = ureq::tls::TlsConfig::builder()
+            .provider(ureq::tls::TlsProvider::Rustls)
+            .build();
+        let agent = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .timeout_global(Some(REQUEST_TIMEOUT))
+            .build()
+            .new_agent();
+        Arc::new(
+            sentry::transports::UreqHttpTransportOptions::from(options)
+                .with_agent(agent)
+                .build(),
+        )
+    }
 }
 
 /// sentry-ruby's order: SENTRY_CURRENT_ENV, SENTRY_ENVIRONMENT, RAILS_ENV, RACK_ENV, else
@@ -161,9 +194,22 @@ impl SentryOut {
         ctx
     }
 
-    /// Send what is queued, up to `timeout` (blocks: call it off the runtime's threads).
-    pub fn flush(&self, timeout: Duration) -> bool {
-        self.client.flush(Some(timeout))
+    /// Send what is queued, for up to FLUSH_TIMEOUT; whether all of it left. The crate's flush
+    /// blocks (and may block past its timeout while its queue is full), so it runs on a thread
+    /// of its own that nothing joins: neither the runtime nor the exit waits for it.
+    pub async fn flush(&self) -> bool {
+        let client = self.client.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("sentry-flush".into())
+            .spawn(move || {
+                let _ = tx.send(client.flush(Some(FLUSH_TIMEOUT)));
+            });
+        if spawned.is_err() {
+            return false;
+        }
+        let wait = FLUSH_TIMEOUT + Duration::from_secs(1);
+        matches!(tokio::time::timeout(wait, rx).await, Ok(Ok(true)))
     }
 }
 
