@@ -435,9 +435,10 @@ fn a_failing_or_hung_hook_is_logged_once_and_never_holds_a_slot_or_changes_the_o
          [[hook]]\non = \"failure\"\nrun = [\"jobs/bin/slow\"]\ntimeout_secs = 120\n\
          [[hook]]\non = \"failure\"\nrun = [\"jobs/bin/hangs\"]\ntimeout_secs = 1\n",
     );
+    let port = free_port();
     let mut w = Worker::builder(&redis)
         .jobs(p.path())
-        .args(["-c", "1"])
+        .args(["-c", "1", "--metrics-addr", &format!("127.0.0.1:{port}")])
         .start();
     w.wait_for_line("playguard starting", PATIENCE);
     let jid = enqueue(&redis, &["FailJob", "--retry", "3"]);
@@ -460,6 +461,13 @@ fn a_failing_or_hung_hook_is_logged_once_and_never_holds_a_slot_or_changes_the_o
         p.path().join("slow-done").exists()
     });
     w.wait_for_line("hook ran", PATIENCE);
+    let samples = scrape(port);
+    let runs = |result: &str| {
+        samples.get(&format!(
+            "playguard_hook_runs_total{{on=\"failure\",result=\"{result}\"}}"
+        ))
+    };
+    assert_eq!((runs("ok"), runs("failed")), (Some(&1.0), Some(&2.0)));
     w.stop(PATIENCE);
     let mut runs = p.lines("runs.txt");
     runs.sort();

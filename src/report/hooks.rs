@@ -75,14 +75,16 @@ pub struct Hook {
 /// The hooks of a worker, and how many of them are running or waiting.
 pub struct Hooks {
     list: Vec<Arc<Hook>>,
+    metrics: Arc<crate::metrics::prometheus::Metrics>,
     turns: Arc<tokio::sync::Semaphore>,
     in_flight: Arc<AtomicUsize>,
 }
 
 impl Hooks {
-    pub fn new(list: Vec<Hook>) -> Hooks {
+    pub fn new(list: Vec<Hook>, metrics: Arc<crate::metrics::prometheus::Metrics>) -> Hooks {
         Hooks {
             list: list.into_iter().map(Arc::new).collect(),
+            metrics,
             turns: Arc::new(tokio::sync::Semaphore::new(RUNNING_AT_ONCE)),
             in_flight: Arc::new(AtomicUsize::new(0)),
         }
@@ -111,17 +113,23 @@ impl Hooks {
                     hook = hook.on.as_str(),
                     "hook not run: {MAX_IN_FLIGHT} hooks are already running or waiting"
                 );
+                count(&self.metrics, hook.on, "dropped");
                 continue;
             }
             let stdin = stdin_json(&job, r, hook.on);
             let env = hook_env(&job, r, hook.on);
-            let (hook, turns, in_flight) =
-                (hook.clone(), self.turns.clone(), self.in_flight.clone());
+            let (hook, turns, in_flight, metrics) = (
+                hook.clone(),
+                self.turns.clone(),
+                self.in_flight.clone(),
+                self.metrics.clone(),
+            );
             let span = tracing::info_span!("hook", on = hook.on.as_str());
             rt.spawn(
                 async move {
                     if let Ok(_turn) = turns.acquire_owned().await {
-                        run_one(&hook, stdin, env).await;
+                        let ok = run_one(&hook, stdin, env).await;
+                        count(&metrics, hook.on, if ok { "ok" } else { "failed" });
                     }
                     in_flight.fetch_sub(1, Ordering::SeqCst);
                 }
@@ -162,19 +170,35 @@ pub fn stdin_json(job: &Value, r: &Report, on: On) -> String {
     Value::Object(top).to_string()
 }
 
-/// PLAYGUARD_EVENT and the job's names, for hooks that need no JSON parser.
+/// PLAYGUARD_EVENT and the job's names (the class ActiveJob wraps, for its payloads), for
+/// hooks that need no JSON parser.
 fn hook_env(job: &Value, r: &Report, on: On) -> Vec<(String, String)> {
-    let field = |k: &str| job.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    let jid = job.get("jid").and_then(Value::as_str).unwrap_or("");
     vec![
         ("PLAYGUARD_EVENT".into(), on.as_str().into()),
-        ("PLAYGUARD_JID".into(), field("jid")),
-        ("PLAYGUARD_CLASS".into(), field("class")),
+        ("PLAYGUARD_JID".into(), jid.to_string()),
+        (
+            "PLAYGUARD_CLASS".into(),
+            crate::report::to_sentry::class_of(job),
+        ),
         ("PLAYGUARD_QUEUE".into(), r.queue.to_string()),
     ]
 }
 
-/// Run one hook to its end or its timeout, and log how it went.
-async fn run_one(hook: &Hook, stdin: String, env: Vec<(String, String)>) {
+/// `playguard_hook_runs_total{on, result}`: ok, failed (non-zero, timed out, not started) or
+/// dropped (too many in flight).
+fn count(metrics: &crate::metrics::prometheus::Metrics, on: On, result: &str) {
+    metrics.inc(
+        "playguard_hook_runs_total",
+        vec![
+            ("on", on.as_str().to_string()),
+            ("result", result.to_string()),
+        ],
+    );
+}
+
+/// Run one hook to its end or its timeout, and log how it went; whether it exited 0.
+async fn run_one(hook: &Hook, stdin: String, env: Vec<(String, String)>) -> bool {
     let timeout = hook.timeout;
     let spec = child::Spec {
         argv: &hook.argv,
@@ -187,13 +211,15 @@ async fn run_one(hook: &Hook, stdin: String, env: Vec<(String, String)>) {
         tokio::time::sleep(timeout).await;
         child::Stop::term(format!("hook timed out after {}s", timeout.as_secs_f64()))
     };
-    match child::run(spec, stop).await {
-        Exit::Success => tracing::info!(hook = ?hook.argv, "hook ran"),
-        Exit::Failed { message, .. } => tracing::warn!(hook = ?hook.argv, error = %message,
-            "hook failed (not retried; the job's outcome stands)"),
-        Exit::Killed { why } | Exit::SpawnFailed(why) | Exit::BadInput(why) => {
-            tracing::warn!(hook = ?hook.argv, error = %why,
-                "hook failed (not retried; the job's outcome stands)")
+    let why = match child::run(spec, stop).await {
+        Exit::Success => {
+            tracing::info!(hook = ?hook.argv, "hook ran");
+            return true;
         }
-    }
+        Exit::Failed { message, .. } => message,
+        Exit::Killed { why } | Exit::SpawnFailed(why) | Exit::BadInput(why) => why,
+    };
+    tracing::warn!(hook = ?hook.argv, error = %why,
+        "hook failed (not retried; the job's outcome stands)");
+    false
 }

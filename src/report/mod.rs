@@ -31,7 +31,7 @@ impl FailureReporter {
     ) -> FailureReporter {
         FailureReporter {
             sentry,
-            hooks: hooks::Hooks::new(hooks),
+            hooks: hooks::Hooks::new(hooks, metrics.clone()),
             metrics,
         }
     }
