@@ -12,9 +12,9 @@
 //! A phase is never left running past the lease's local deadline: it is stopped (a command
 //! phase's process group is killed, KILL, no grace) and the cycle ends as "lock lost". However
 //! the cycle ends, the lease is released with compare-and-delete, so a newer owner's lock
-//! survives (and a lost lock is reported: Sentry, `lock_lost` hooks). At shutdown the cycle stops at the next boundary (or its phase is stopped at the
-//! deadline), releases, and the processor pushes the original payload back to the head of the
-//! queue.
+//! survives; a cycle ended by a lost lock is also reported (Sentry, `lock_lost` hooks). At
+//! shutdown the cycle stops at the next boundary (or its phase is stopped at the deadline),
+//! releases, and the processor pushes the original payload back to the head of the queue.
 //!
 //! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
 //! store's business (`fences.rs`): the cycle only asks it to hold, renew and finish.

@@ -289,7 +289,7 @@ fn poison_report(raw: &[u8], entry: Vec<u8>, message: &str) -> Report {
     let queue = serde_json::from_slice::<Value>(raw)
         .ok()
         .and_then(|v| v.get("queue").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or_default();
+        .unwrap_or_else(|| "unknown".to_string());
     Report {
         kind: Kind::Poison,
         died: true,

@@ -158,7 +158,8 @@ pub fn stdin_json(job: &Value, r: &Report, on: On) -> String {
         error.insert("phase".into(), Value::from(p.as_str()));
     }
     if !r.error.backtrace.is_empty() {
-        // The failure keeps stderr's last line first (Sidekiq's backtrace order): oldest first here.
+        // The failure keeps stderr's last line first (Sidekiq's backtrace order); oldest
+        // first here.
         let mut lines: Vec<&String> = r.error.backtrace.iter().take(STDERR_LINES).collect();
         lines.reverse();
         error.insert("stderr".into(), serde_json::json!(lines));
