@@ -17,6 +17,7 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// event the manifest names; PLAYGUARD_EVENT must agree.
 const HOOK: &str = "#!/bin/sh\nmkdir -p hook-runs\nf=hook-runs/$1.$$.json\n\
     [ \"$PLAYGUARD_EVENT\" = \"$1\" ] || echo \"PLAYGUARD_EVENT=$PLAYGUARD_EVENT\" > hook-runs/wrong.$$\n\
+    echo \"$PLAYGUARD_CLASS\" > hook-runs/$1.$$.class\n\
     cat > $f.tmp && mv $f.tmp $f\n";
 
 /// A `[[hook]]` per event, all running jobs/bin/hook with the event's name.
@@ -374,9 +375,8 @@ fn a_flood_of_one_failure_is_rate_limited_and_every_job_still_goes_to_retry() {
         Duration::from_secs(300),
         || redis.zcard("retry") == 1000,
     );
-    let took = started.elapsed();
-    let samples = scrape(port);
-    let count = |result: &str| {
+    // Each failure is reported just after its retry entry is written: wait for all 1,000.
+    let count_in = |samples: &std::collections::BTreeMap<String, f64>, result: &str| {
         samples
             .get(&format!(
                 "playguard_sentry_events_total{{event=\"failure\",result=\"{result}\"}}"
@@ -384,7 +384,14 @@ fn a_flood_of_one_failure_is_rate_limited_and_every_job_still_goes_to_retry() {
             .copied()
             .unwrap_or(0.0) as u64
     };
+    let mut samples = Default::default();
+    wait_until("1,000 failures reported", PATIENCE, || {
+        samples = scrape(port);
+        count_in(&samples, "sent") + count_in(&samples, "suppressed") == 1000
+    });
+    let count = |result: &str| count_in(&samples, result);
     w.stop(PATIENCE);
+    let took = started.elapsed();
     let events = sentry.events();
     // One per class and error per 60 s window: the first, then one per window begun since.
     let allowed = 1 + took.as_secs() / 60;
@@ -399,7 +406,6 @@ fn a_flood_of_one_failure_is_rate_limited_and_every_job_still_goes_to_retry() {
         events.len()
     );
     assert_eq!(count("sent"), events.len() as u64);
-    assert_eq!(count("sent") + count("suppressed"), 1000);
     assert_eq!(events[0]["extra"]["suppressed"], 0);
     // One line per window that began holding events back, not one per event.
     let lines = w.count_lines("are counted, not sent");
@@ -559,5 +565,66 @@ fn a_sentry_that_never_answers_holds_up_no_job_and_no_exit() {
         w.saw("some events could not be sent before exit"),
         "{}",
         w.output()
+    );
+}
+
+#[test]
+fn an_activejob_failure_is_named_by_the_class_it_wraps_and_keeps_its_arguments_out() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script(
+        "jobs/bin/fail",
+        "#!/bin/sh\necho 'smtp refused' >&2\nexit 1\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"SendReportJob\"\nrun = [\"jobs/bin/fail\"]\n".to_string()
+            + &hooks_manifest()),
+    );
+    let aj = serde_json::json!({"class": "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
+        "wrapped": "SendReportJob", "queue": "default", "jid": "0123456789abcdef01234567",
+        "retry": 3, "created_at": 1.0, "enqueued_at": 1.0, "tags": ["reports"],
+        "args": [{"job_class": "SendReportJob", "job_id": "x", "arguments": ["ann@example.com"]}]});
+    push_to_default(&redis, aj.to_string());
+    let mut w = worker(&redis, &p, &sentry);
+    wait_until("the job in the retry set", PATIENCE, || {
+        redis.zcard("retry") == 1
+    });
+    wait_until("the failure hook ran", PATIENCE, || {
+        !hook_runs(&p).is_empty()
+    });
+    w.stop(PATIENCE);
+    let events = sentry.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    assert_eq!(e["transaction"], "Sidekiq/SendReportJob");
+    assert_eq!(e["tags"]["class"], "SendReportJob");
+    assert_eq!(e["tags"]["sidekiq.reports"], "true");
+    assert_eq!(
+        e["fingerprint"],
+        serde_json::json!(["SendReportJob", "Playguard::CommandFailed"])
+    );
+    assert_eq!(e["contexts"]["sidekiq"]["wrapped"], "SendReportJob");
+    assert!(!e.to_string().contains("ann@example.com"), "{e}");
+    let runs = hook_runs(&p);
+    assert_eq!(events_of(&runs), ["failure"], "{runs:?}");
+    assert_eq!(runs[0].1["job"]["wrapped"], "SendReportJob");
+    let classes: Vec<String> = std::fs::read_dir(p.path().join("hook-runs"))
+        .unwrap()
+        .flatten()
+        .filter(|f| f.path().extension().is_some_and(|x| x == "class"))
+        .map(|f| {
+            std::fs::read_to_string(f.path())
+                .unwrap()
+                .trim()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        classes,
+        ["SendReportJob"],
+        "PLAYGUARD_CLASS is the wrapped class"
     );
 }
