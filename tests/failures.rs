@@ -628,3 +628,48 @@ fn an_activejob_failure_is_named_by_the_class_it_wraps_and_keeps_its_arguments_o
         "PLAYGUARD_CLASS is the wrapped class"
     );
 }
+
+#[test]
+fn a_failed_phase_is_named_in_the_event_and_the_hook() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
+    p.script(
+        "jobs/bin/fail",
+        "#!/bin/sh\necho 'git fetch: timeout' >&2\nexit 128\n",
+    );
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"MarqueeCycle\"\n\
+           lock = { key = \"playguard:marquee:{args.0}\", ttl_secs = 30 }\n\
+           [[job.phase]]\nname = \"prepare\"\nrun = [\"jobs/bin/ok\"]\n\
+           [[job.phase]]\nname = \"sync_git\"\nrun = [\"jobs/bin/fail\"]\n"
+            .to_string()
+            + &hooks_manifest()),
+    );
+    let mut w = worker(&redis, &p, &sentry);
+    enqueue(&redis, &["MarqueeCycle", "4", "--retry", "2"]);
+    wait_until("the cycle in the retry set", PATIENCE, || {
+        redis.zcard("retry") == 1
+    });
+    wait_until("the failure hook ran", PATIENCE, || {
+        !hook_runs(&p).is_empty()
+    });
+    w.stop(PATIENCE);
+    let events = sentry.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let e = &events[0];
+    check_common(e, "MarqueeCycle", "Playguard::CommandFailed", "failure");
+    assert_eq!(e["tags"]["phase"], "sync_git");
+    assert_eq!(e["contexts"]["playguard"]["phase"], "sync_git");
+    assert_eq!(e["exception"]["values"][0]["value"], "git fetch: timeout");
+    let runs = hook_runs(&p);
+    assert_eq!(events_of(&runs), ["failure"], "{runs:?}");
+    assert_eq!(runs[0].1["error"]["phase"], "sync_git");
+    assert_eq!(
+        runs[0].1["error"]["stderr"],
+        serde_json::json!(["git fetch: timeout"])
+    );
+}

@@ -536,7 +536,8 @@ impl Running<'_> {
         let phase = Some(name);
         Some(match end {
             PhaseEnd::Ok => return None,
-            PhaseEnd::Failed(f) => {
+            PhaseEnd::Failed(mut f) => {
+                f.phase = Some(name.to_string());
                 let error = Some(f.message.clone());
                 Ending::new(
                     End::Failed,
@@ -548,7 +549,8 @@ impl Running<'_> {
             }
             PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
                 let message = format!("phase {name} timed out after {:.1}s", took.as_secs_f64());
-                let f = Failure::new(error_class::TIMEOUT, message.clone());
+                let mut f = Failure::new(error_class::TIMEOUT, message.clone());
+                f.phase = Some(name.to_string());
                 Ending::new(
                     End::Failed,
                     phase,

@@ -97,8 +97,8 @@ pub fn failed_run(
         died: died(job, decision, known),
         queue: queue.clone(),
         payload,
+        phase: error.phase.clone(),
         error,
-        phase: None,
     }
 }
 
