@@ -673,3 +673,25 @@ fn a_failed_phase_is_named_in_the_event_and_the_hook() {
         serde_json::json!(["git fetch: timeout"])
     );
 }
+
+#[test]
+fn a_hook_whose_program_is_missing_stops_the_start_naming_it() {
+    let redis = RedisServer::start();
+    let p = Project::new();
+    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
+    p.write(
+        "jobs/app.toml",
+        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n\
+         [[hook]]\non = \"death\"\nrun = [\"jobs/bin/page-oncall\"]\n",
+    );
+    let mut w = Worker::builder(&redis).jobs(p.path()).start();
+    assert_eq!(w.wait_exit(PATIENCE), Some(2), "{}", w.output());
+    let line = w.line_with("page-oncall").unwrap_or_default();
+    assert!(
+        line.contains("app.toml")
+            && line.contains("[[hook]] (on \"death\")")
+            && line.contains("does not exist"),
+        "{}",
+        w.output()
+    );
+}
