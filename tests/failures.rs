@@ -695,3 +695,70 @@ fn a_hook_whose_program_is_missing_stops_the_start_naming_it() {
         w.output()
     );
 }
+
+#[test]
+fn the_scheduled_pollers_burials_are_deaths_too() {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
+    p.write(
+        "jobs/app.toml",
+        &("[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n".to_string() + &hooks_manifest()),
+    );
+    // A due retry that is not JSON, and a due scheduled job whose queue key is a string.
+    let job = r#"{"class":"OkJob","args":[],"jid":"00112233445566778899aabb","queue":"broken","retry":true,"created_at":1700000000.0}"#;
+    let _: () = redis::pipe()
+        .zadd("retry", "{not json", 1)
+        .ignore()
+        .zadd("schedule", job, 1)
+        .ignore()
+        .set("queue:broken", "not a list")
+        .ignore()
+        .query(&mut redis.conn())
+        .unwrap();
+    let mut w = worker(&redis, &p, &sentry);
+    wait_until("both in the dead set", PATIENCE, || {
+        redis.zcard("dead") == 2
+    });
+    wait_until("four hook runs", PATIENCE, || hook_runs(&p).len() >= 4);
+    w.stop(PATIENCE);
+    let events = sentry.events();
+    assert_eq!(events.len(), 2, "{events:?}");
+    let bad_key = events
+        .iter()
+        .find(|e| e["tags"]["jid"] == "00112233445566778899aabb")
+        .unwrap();
+    assert_eq!(bad_key["tags"]["event"], "death");
+    assert_eq!(
+        bad_key["exception"]["values"][0]["type"],
+        "Playguard::BadQueueKey"
+    );
+    assert_eq!(bad_key["tags"]["queue"], "broken");
+    let garbage = events
+        .iter()
+        .find(|e| e["tags"].get("jid").is_none())
+        .unwrap();
+    assert_eq!(garbage["tags"]["event"], "death");
+    assert_eq!(
+        garbage["exception"]["values"][0]["type"],
+        "Playguard::InvalidPayload"
+    );
+    assert_eq!(garbage["contexts"]["sidekiq"]["payload"], "{not json");
+    let runs = hook_runs(&p);
+    assert_eq!(
+        events_of(&runs),
+        ["death", "death", "failure", "failure"],
+        "{runs:?}"
+    );
+    assert!(
+        runs.iter().any(|(_, r)| r["job"] == "{not json"),
+        "{runs:?}"
+    );
+    assert!(
+        runs.iter()
+            .any(|(_, r)| r["job"]["error_class"] == "Playguard::BadQueueKey"),
+        "{runs:?}"
+    );
+}
