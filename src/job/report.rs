@@ -1,6 +1,6 @@
 //! What a failure report carries, and the one call every outcome path makes to hand it over
-//! ([`Reporter`]): a failed run (retried, dead or dropped), a job that died, a poison pill,
-//! a cycle ended by a lost lock. `report/` implements it (Sentry, the manifest's hooks); this
+//! ([`Reporter`]): a failed run (retried, dead or dropped), a job that died, a payload
+//! buried without a run, a poison pill, a cycle ended by a lost lock. `report/` implements it (Sentry, the manifest's hooks); this
 //! layer only names it, so the cycle engine reaches it through `JobContext` without depending
 //! on what is above. Touches no Redis keys.
 
