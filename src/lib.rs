@@ -22,6 +22,7 @@
 //! - `manifest/`: `jobs/*.toml`, parsed, checked and turned into registry entries.
 //! - `cycle/`: the phased-lock engine, the lock and its fences, the ledger, key templates,
 //!   the manifest's reconcile phases.
+//! - `report/`: failure reports leave here: Sentry (rate-limited) and the manifest's hooks.
 //! - `commands/`: one command's run, the guardian that spawns and guards commands, command
 //!   jobs.
 //! - `fetch/`: the fetch strategies (reliable, basic) and the unit of work (Sidekiq's
@@ -52,6 +53,7 @@ mod manifest;
 mod metrics;
 mod ops;
 mod process;
+mod report;
 mod worker;
 
 // The library API (README "Library use", examples/, benches/), at its documented paths.

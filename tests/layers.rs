@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Top to bottom: a folder may import any folder after it, never one before it.
-const LAYERS: [&str; 15] = [
+const LAYERS: [&str; 16] = [
     "cli",
     "launcher",
     "ops",
@@ -17,6 +17,7 @@ const LAYERS: [&str; 15] = [
     "worker",
     "manifest",
     "cycle",
+    "report",
     "commands",
     "fetch",
     "job",

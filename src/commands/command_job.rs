@@ -53,6 +53,7 @@ pub fn exit_failure(exit: Exit) -> Option<Failure> {
             class: error_class::COMMAND_FAILED.into(),
             message,
             backtrace: stderr_tail.into_iter().rev().collect(),
+            phase: None,
         }),
         Exit::Killed { why } => Some(Failure::new(error_class::TIMEOUT, why)),
         Exit::SpawnFailed(m) => Some(Failure::new(error_class::COMMAND_FAILED, m)),

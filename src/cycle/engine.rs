@@ -12,9 +12,9 @@
 //! A phase is never left running past the lease's local deadline: it is stopped (a command
 //! phase's process group is killed, KILL, no grace) and the cycle ends as "lock lost". However
 //! the cycle ends, the lease is released with compare-and-delete, so a newer owner's lock
-//! survives. At shutdown the cycle stops at the next boundary (or its phase is stopped at the
-//! deadline), releases, and the processor pushes the original payload back to the head of the
-//! queue.
+//! survives; a cycle ended by a lost lock is also reported (Sentry, `lock_lost` hooks). At
+//! shutdown the cycle stops at the next boundary (or its phase is stopped at the deadline),
+//! releases, and the processor pushes the original payload back to the head of the queue.
 //!
 //! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
 //! store's business (`fences.rs`): the cycle only asks it to hold, renew and finish.
@@ -28,6 +28,7 @@ use crate::cycle::ledger::End;
 use crate::cycle::lock;
 use crate::job::error_class;
 use crate::job::handler::{BoxFuture, Handler, JobContext, Outcome};
+use crate::job::report::{Kind, Report};
 use crate::job::retry::Failure;
 use std::sync::Arc;
 use std::time::Duration;
@@ -540,7 +541,8 @@ impl Running<'_> {
         let phase = Some(name);
         Some(match end {
             PhaseEnd::Ok => return None,
-            PhaseEnd::Failed(f) => {
+            PhaseEnd::Failed(mut f) => {
+                f.phase = Some(name.to_string());
                 let error = Some(f.message.clone());
                 Ending::new(
                     End::Failed,
@@ -552,7 +554,8 @@ impl Running<'_> {
             }
             PhaseEnd::Stopped(StopCause::PhaseTimeout) => {
                 let message = format!("phase {name} timed out after {:.1}s", took.as_secs_f64());
-                let f = Failure::new(error_class::TIMEOUT, message.clone());
+                let mut f = Failure::new(error_class::TIMEOUT, message.clone());
+                f.phase = Some(name.to_string());
                 Ending::new(
                     End::Failed,
                     phase,
@@ -621,11 +624,29 @@ impl Running<'_> {
             .end(e.end, e.phase.as_deref(), e.error.as_deref(), e.why)
             .await;
         self.ctx.set_phase(None);
+        if matches!(e.end, End::LockLost) {
+            self.report_lost(&e);
+        }
         match e.then {
             Then::Is(outcome) => outcome,
             Then::DoneUnlessLapsed if self.ctx.liveness.lapsed() => Outcome::Requeue,
             Then::DoneUnlessLapsed => Outcome::Done,
         }
+    }
+}
+
+impl Running<'_> {
+    /// Tell the failure reporter (Sentry, `lock_lost` hooks) the cycle lost its lock.
+    fn report_lost(&self, e: &Ending) {
+        let message = e.error.as_deref().unwrap_or("lock lost");
+        self.ctx.reporter.report(Report {
+            kind: Kind::LockLost,
+            died: false,
+            queue: self.ctx.queue.clone(),
+            payload: self.ctx.payload.to_string(),
+            error: Failure::new(error_class::LOCK_LOST, format!("{}: {message}", self.key)),
+            phase: e.phase.clone(),
+        });
     }
 }
 

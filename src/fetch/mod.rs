@@ -226,12 +226,14 @@ impl FetchStrategy {
     /// Basic fetch writes it in one MULTI. Past the shutdown deadline it gives up (logged);
     /// with reliable fetch a job whose ack did not land either stays in the working list and
     /// runs again rather than being lost.
-    pub async fn settle(&self, job: &UnitOfWork, record: Record<'_>) {
+    /// Whether the outcome was written (false: the job had left our working list, or the
+    /// shutdown deadline passed first).
+    pub async fn settle(&self, job: &UnitOfWork, record: Record<'_>) -> bool {
         let mut pipe = redis::pipe();
         pipe.atomic();
         record.add_to_pipeline(&mut pipe);
         if matches!(self.mode, Mode::Basic(_)) && pipe.cmd_iter().next().is_none() {
-            return;
+            return true;
         }
         let mut conn = self.conn.clone();
         let mut attempts = 0u32;
@@ -249,7 +251,7 @@ impl FetchStrategy {
                         tracing::warn!(queue = %job.queue,
                             "outcome not recorded: the job had left our working list (the orphan sweep returned it to its queue while our liveness lease lapsed), so it runs again there, once");
                     }
-                    return;
+                    return ours;
                 }
                 Err(e) => e,
             };
@@ -257,7 +259,7 @@ impl FetchStrategy {
                 tracing::error!(error = %e, queue = %job.queue, payload = %job.payload_lossy(),
                     "could not record the job's outcome in Redis before the shutdown deadline{}",
                     if self.recovers_orphans() { "; if it is still in the working list it will run again" } else { "" });
-                return;
+                return false;
             }
             // Once, then every 10 s: Redis out of memory can refuse it for minutes.
             attempts += 1;

@@ -27,5 +27,7 @@ pub const INTERRUPTED: &str = "Playguard::Interrupted";
 /// error_class of a job carrying a Pro or Enterprise option playguard cannot honour exactly
 /// (job/options.rs).
 pub const UNSUPPORTED: &str = "Playguard::Unsupported";
+/// The error of a `lock_lost` report: a cycle ended because its lock was no longer provably ours.
+pub const LOCK_LOST: &str = "Playguard::LockLost";
 /// A Rust handler or a phase that panicked.
 pub const PANIC: &str = "Playguard::Panic";

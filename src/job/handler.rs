@@ -36,6 +36,8 @@ pub struct JobContext {
     /// `playguard:locks:<identity>`, where the locks this job takes are recorded so the sweep
     /// can release them if this process dies; None when no sweep would (basic fetch).
     pub locks_record: Option<Arc<str>>,
+    /// Where this job's failure reports go (the cycle engine reports a lost lock through it).
+    pub(crate) reporter: crate::job::report::SharedReporter,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 

@@ -10,4 +10,5 @@ pub mod interrupted;
 pub mod options;
 pub mod payload;
 pub mod queues;
+pub mod report;
 pub mod retry;

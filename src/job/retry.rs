@@ -28,6 +28,8 @@ pub struct Failure {
     pub message: String,
     /// Lines offered as a backtrace; stored only when the payload asks (`backtrace`).
     pub backtrace: Vec<String>,
+    /// The phase a cycle failed in, for failure reports (`report/`); not written to Redis.
+    pub phase: Option<String>,
 }
 
 impl Failure {
@@ -36,6 +38,7 @@ impl Failure {
             class: class.into(),
             message: message.into(),
             backtrace: Vec::new(),
+            phase: None,
         }
     }
 }

@@ -269,13 +269,15 @@ async fn build(
     crate::loops::eviction::check_at_start(&mut conn, &state, reliable, config.allow_eviction)
         .await
         .map_err(StartError::Config)?;
+    let sentry = crate::report::to_sentry::from_env(manifest_jobs::report_args(&manifest))
+        .map_err(StartError::Config)?;
     let worker = Arc::new(new_worker(
         config,
         registry,
         shutdown,
         (client, conn),
         db,
-        identity,
+        (identity, sentry, manifest_jobs::hooks(&manifest)),
         state,
     ));
     if let Some(addr) = worker.config.metrics_addr {
@@ -306,7 +308,11 @@ fn new_worker(
         crate::connections::redis_conn::Conn,
     ),
     db: Option<crate::connections::db::Db>,
-    identity: String,
+    (identity, sentry, hooks): (
+        String,
+        Option<crate::report::to_sentry::SentryOut>,
+        Vec<crate::report::hooks::Hook>,
+    ),
     redis_state: Arc<crate::process::redis_state::RedisState>,
 ) -> Worker {
     let mut metrics = crate::metrics::prometheus::Metrics::default();
@@ -325,7 +331,13 @@ fn new_worker(
     };
     metrics.know_classes(registry.classes());
     let locks_record = Worker::locks_record_for(&identity, &fetch);
+    let reporter = Arc::new(crate::report::FailureReporter::new(
+        sentry,
+        hooks,
+        metrics.clone(),
+    ));
     let worker = Worker {
+        reporter,
         locks_record,
         client,
         conn,
@@ -347,6 +359,9 @@ fn new_worker(
     );
     worker
 }
+
+/// How long a clean stop waits for failure hooks still running.
+const HOOKS_AT_EXIT: Duration = Duration::from_secs(10);
 
 /// The loops a running worker has beside its manager.
 struct Loops {
@@ -438,6 +453,7 @@ async fn stop(worker: &Worker, mut loops: Loops, credits: &Semaphore, credits_to
     if let Err(e) = heartbeat::clear(worker).await {
         tracing::warn!(error = %e, "could not clear the heartbeat; it expires in 60 s");
     }
+    worker.reporter.close(HOOKS_AT_EXIT).await;
     tracing::info!("bye");
 }
 

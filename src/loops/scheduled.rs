@@ -1,12 +1,14 @@
 //! The scheduled poller, as Sidekiq's scheduled.rb: due members of `retry`, then `schedule`,
 //! are pushed onto `queue:<q>` (with `SADD queues` and a fresh `enqueued_at`) by one Lua script
 //! that removes and pushes in the same step, so no crash can lose a job in between.
-//! A job whose queue key holds another type goes to `dead` with the reason (Playguard::BadQueueKey).
+//! A job whose queue key holds another type goes to `dead` with the reason (Playguard::BadQueueKey);
+//! each burial is reported as a death by the process that made it (`report/`).
 //! Interval: Sidekiq's random_poll_interval around `poll_interval_average` times the number
 //! of processes, so a fleet polls on average once per `poll_interval_average`.
 
 use crate::job::error_class;
 use crate::job::payload::{dump, now_f64, now_value, uses_millis};
+use crate::job::report::Reporter;
 use crate::worker::Worker;
 use serde_json::Value;
 use std::time::Duration;
@@ -53,39 +55,86 @@ pub async fn enqueue_due(worker: &Worker, set: &str) -> redis::RedisResult<usize
             return Ok(total);
         }
         let mut push = Push::default();
+        let mut unreadable = Vec::new();
         for member in &due {
             match prepare(member) {
                 Some((payload, queue)) => push.push_to(member, payload.into_bytes(), &queue),
                 None => {
                     tracing::error!(set, payload = %String::from_utf8_lossy(member),
                         "unreadable job in {set}: moved to dead as is");
-                    push.bury(member, member.clone())
+                    let why = format!("unreadable job in {set}");
+                    unreadable.push(Burial::new(member, member.clone(), "unknown", why));
                 }
             };
         }
+        total += bury_each(worker, &mut conn, set, now, unreadable).await?;
         let (moved, refused) = push.run(&mut conn, set, now).await?;
         total += moved;
-        if !refused.is_empty() {
-            // Refused members are still in the set: bury each with the reason, by the same
-            // script (so only the process whose ZREM wins writes the dead entry).
-            let mut push = Push::default();
-            for (member, kind) in &refused {
-                let queue = prepare(member).map(|(_, q)| q).unwrap_or_default();
-                let why = format!(
-                    "queue:{queue} holds a {kind}, not a list: the job cannot be enqueued there"
-                );
-                let class = error_class::BAD_QUEUE_KEY;
-                tracing::error!(set, error_class = class, payload = %String::from_utf8_lossy(member),
-                    "{why}; moved to dead");
-                push.bury(member, crate::job::retry::dead_entry(member, class, &why));
-            }
-            let (buried, _) = push.run(&mut conn, set, now).await?;
-            total += buried;
+        // Refused members are still in the set: each is buried with the reason.
+        let mut burials = Vec::new();
+        for (member, kind) in &refused {
+            let queue = prepare(member).map(|(_, q)| q).unwrap_or_default();
+            let why = format!(
+                "queue:{queue} holds a {kind}, not a list: the job cannot be enqueued there"
+            );
+            let class = error_class::BAD_QUEUE_KEY;
+            tracing::error!(set, error_class = class, payload = %String::from_utf8_lossy(member),
+                "{why}; moved to dead");
+            let entry = crate::job::retry::dead_entry(member, class, &why);
+            let mut b = Burial::new(member, entry, &queue, why);
+            b.class = class;
+            burials.push(b);
         }
+        total += bury_each(worker, &mut conn, set, now, burials).await?;
         if (due.len() as isize) < BATCH {
             return Ok(total);
         }
     }
+}
+
+/// A due member going to `dead`: its entry there, and what its death report says.
+struct Burial {
+    member: Vec<u8>,
+    entry: Vec<u8>,
+    queue: String,
+    class: &'static str,
+    why: String,
+}
+
+impl Burial {
+    fn new(member: &[u8], entry: Vec<u8>, queue: &str, why: String) -> Burial {
+        Burial {
+            member: member.to_vec(),
+            entry,
+            queue: queue.to_string(),
+            class: error_class::INVALID_PAYLOAD,
+            why,
+        }
+    }
+}
+
+/// Bury each member by a script call of its own: its count says whether this process's ZREM
+/// took the member, so only that process reports the death (Sentry, `death` hooks). Burials
+/// are rare; one round trip each costs nothing that matters. Returns how many were buried.
+async fn bury_each(
+    worker: &Worker,
+    conn: &mut crate::connections::redis_conn::Conn,
+    set: &str,
+    now: f64,
+    burials: Vec<Burial>,
+) -> redis::RedisResult<usize> {
+    let mut buried = 0;
+    for b in burials {
+        let mut push = Push::default();
+        push.bury(&b.member, b.entry.clone());
+        if push.run(conn, set, now).await?.0 == 1 {
+            buried += 1;
+            let queue: std::sync::Arc<str> = b.queue.into();
+            let r = crate::report::buried(&queue, &b.entry, b.class, &b.why);
+            worker.reporter.report(r);
+        }
+    }
+    Ok(buried)
 }
 
 /// One call of `lua/schedule_push.lua`: which members go to which queue, which are buried.

@@ -7,12 +7,15 @@
 //! A payload recovered `MAX_RECOVERIES` times (counted in the `playguard:recovered` hash, a
 //! count forgotten after 7 days without a recovery via `playguard:recovered:at`) is a poison
 //! pill: it goes to `dead` with the reason (through `playguard:poison`, so the dead entry is
-//! built from the exact string in Rust), or is dropped when its payload says `dead: false`.
+//! built from the exact string in Rust), or is dropped when its payload says `dead: false`;
+//! either way it is reported once (Sentry, `poison` and `death` hooks, as Sidekiq's death
+//! handlers run for `dead: false` too).
 //! Before its jobs go back, a dead process's token locks are released from the record its
 //! cycles keep in `playguard:locks:<identity>` (compare-and-delete on each lock key), so a
 //! recovered cycle is not skipped as "already locked" by its own dead holder.
 
 use crate::job::error_class;
+use crate::job::report::{Kind, Report, Reporter};
 use crate::process::identity::hostname;
 use crate::process::liveness::{alive_key, FETCHERS_KEY};
 use crate::worker::Worker;
@@ -261,29 +264,30 @@ async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
         .arg(-1)
         .query_async(&mut conn)
         .await?;
+    let message = format!(
+        "recovered {MAX_RECOVERIES} times from workers that died while running it \
+         (killed, OOM or lost host); not run again"
+    );
     for raw in pills {
+        let payload = crate::job::retry::dead_entry(&raw, error_class::POISON_PILL, &message);
         let mut pipe = redis::pipe();
         pipe.atomic();
         if dead_false(&raw) {
             // Sidekiq Pro (8.0+) drops a poison pill whose payload says `dead: false`.
             tracing::error!(payload = %String::from_utf8_lossy(&raw),
                 "poison pill with dead: false: dropped, not kept in the dead set");
-            pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw).ignore();
-            pipe.query_async::<()>(&mut conn).await?;
-            continue;
+        } else {
+            tracing::error!(payload = %String::from_utf8_lossy(&raw), "poison pill: moved to the dead set");
+            crate::job::retry::add_dead(&mut pipe, &payload);
         }
-        let payload = crate::job::retry::dead_entry(
-            &raw,
-            error_class::POISON_PILL,
-            &format!(
-                "recovered {MAX_RECOVERIES} times from workers that died while running it \
-                 (killed, OOM or lost host); not run again"
-            ),
-        );
-        tracing::error!(payload = %String::from_utf8_lossy(&raw), "poison pill: moved to the dead set");
-        crate::job::retry::add_dead(&mut pipe, &payload);
-        pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw).ignore();
-        pipe.query_async::<()>(&mut conn).await?;
+        pipe.cmd("LREM").arg(POISON_KEY).arg(1).arg(&raw);
+        let (removed,): (i64,) = pipe.query_async(&mut conn).await?;
+        // Reported by the sweep that took it off the poison list: once, however many swept.
+        if removed == 1 {
+            worker
+                .reporter
+                .report(poison_report(&raw, payload, &message));
+        }
     }
     Ok(())
 }
@@ -292,6 +296,22 @@ async fn bury_poison(worker: &Worker) -> redis::RedisResult<()> {
 fn dead_false(raw: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Map<String, Value>>(raw)
         .is_ok_and(|m| m.get("dead") == Some(&Value::Bool(false)))
+}
+
+/// The report of a buried poison pill (a death too): its dead entry, the queue it came from.
+fn poison_report(raw: &[u8], entry: Vec<u8>, message: &str) -> Report {
+    let queue = serde_json::from_slice::<Value>(raw)
+        .ok()
+        .and_then(|v| v.get("queue").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_else(|| "unknown".to_string());
+    Report {
+        kind: Kind::Poison,
+        died: true,
+        queue: queue.into(),
+        payload: String::from_utf8_lossy(&entry).into_owned(),
+        error: crate::job::retry::Failure::new(error_class::POISON_PILL, message),
+        phase: None,
+    }
 }
 
 /// Sweep now and every SWEEP_EVERY until stopping.

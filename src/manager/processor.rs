@@ -1,13 +1,15 @@
 //! Runs one fetched job to its end and writes the outcome: ack (batched, see `fetch/`),
 //! retry (`retry` zset), dead (`dead` zset, trimmed), or requeue at shutdown (`queue:<q>`).
 //! Outcome and ack land in one step (`fetch/mod.rs`, `settle`), so a crash never leaves a job
-//! both retried and fetchable.
+//! both retried and fetchable. Once written, a failure is handed to the worker's failure
+//! reporter (`report/`).
 
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::error_class;
 use crate::job::handler::{Handler, JobContext, Outcome};
 use crate::job::options::NotRun;
 use crate::job::payload::Job;
+use crate::job::report::Reporter;
 use crate::job::retry::{self, Decision, Failure};
 use crate::metrics::prometheus::{JobEnd, JobFate};
 use crate::process::liveness::JobLease;
@@ -222,6 +224,7 @@ fn context(
         db: worker.db.clone(),
         liveness: lease.clone(),
         locks_record: worker.locks_record.clone(),
+        reporter: worker.reporter.clone(),
         slot: Some(slot.clone()),
     }
 }
@@ -326,8 +329,13 @@ fn settle<'a>(
             worker.metrics.job_fate(ran.shown, &f.queue, counted);
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
+            let report = crate::report::failed_run(job, &f.queue, failure, &decision, ran.known);
+            // Reported once the outcome is written: a death is told once it happened, and not
+            // at all when the job had left our working list (it runs again elsewhere).
             Some(Box::pin(async move {
-                worker.fetch.settle(&f, decision.record()).await
+                if worker.fetch.settle(&f, decision.record()).await || !report.died {
+                    worker.reporter.report(report);
+                }
             }))
         }
         Outcome::Requeue => {
@@ -363,7 +371,10 @@ async fn not_run(worker: &Worker, f: UnitOfWork, why: NotRun, shown: &str, jid: 
         "job {jid} not run: {why}"
     );
     let entry = retry::dead_entry(&f.raw, error_class::UNSUPPORTED, &why);
-    worker.fetch.settle(&f, retry::Record::Dead(&entry)).await;
+    if worker.fetch.settle(&f, retry::Record::Dead(&entry)).await {
+        let report = crate::report::buried(&f.queue, &entry, error_class::UNSUPPORTED, &why);
+        worker.reporter.report(report);
+    }
 }
 
 /// A run its shutdown interrupted: back on its queue with its count raised, or, past the
@@ -392,7 +403,16 @@ fn interrupted<'a>(
                     "moved to dead"
                 }
             );
-            Box::pin(async move { worker.fetch.settle(&f, decision.record()).await })
+            let failure = Failure::new(
+                error_class::INTERRUPTED,
+                "interrupted by shutdown too often",
+            );
+            let report = crate::report::failed_run(job, &f.queue, failure, &decision, true);
+            Box::pin(async move {
+                if worker.fetch.settle(&f, decision.record()).await {
+                    worker.reporter.report(report);
+                }
+            })
         }
     }
 }
@@ -451,7 +471,16 @@ async fn bury_garbage(worker: &Worker, f: &UnitOfWork, why: &str, entry: &[u8]) 
         if entry == &f.raw[..] { " as is" } else { "" },
         if cut { " (payload cut in this line)" } else { "" });
     worker.metrics.garbage(&f.queue);
-    worker.fetch.settle(f, retry::Record::Dead(entry)).await;
+    if !worker.fetch.settle(f, retry::Record::Dead(entry)).await {
+        return;
+    }
+    let class = error_class::INVALID_PAYLOAD;
+    let why = why
+        .strip_prefix(class)
+        .map_or(why, |w| w.trim_start_matches(": "));
+    worker
+        .reporter
+        .report(crate::report::buried(&f.queue, entry, class, why));
 }
 
 fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {

@@ -2,6 +2,7 @@
 //! worker (or `playguard check`) goes on: every command exists, there is at least one job
 //! class, and classes with `fence = "database"` have a database URL. Touches no Redis keys
 //! and no tables. Errors are one-line configuration errors (exit 2); nothing branches on them.
+//! Also hands the failure reporter its hooks and the classes that opted in to `report_args`.
 
 use crate::cycle::fences::FenceSource;
 use crate::cycle::reconcile::{CommandPhase, Cycle, LockConfig, Phase};
@@ -118,4 +119,32 @@ fn reconcile_cycle(j: &JobSpec) -> Arc<dyn Handler> {
             })
             .collect(),
     })
+}
+
+/// The manifest's `[[hook]]` entries, for the worker's failure reporter (validated on load).
+pub fn hooks(manifest: &Manifest) -> Vec<crate::report::hooks::Hook> {
+    use crate::report::hooks::{Hook, On, DEFAULT_TIMEOUT};
+    manifest
+        .hooks
+        .iter()
+        .filter_map(|h| {
+            Some(Hook {
+                on: On::parse(&h.on).ok()?,
+                argv: h.run.clone(),
+                timeout: h
+                    .timeout_secs
+                    .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64),
+            })
+        })
+        .collect()
+}
+
+/// The classes whose Sentry events may carry their `args` (`report_args = true`).
+pub fn report_args(manifest: &Manifest) -> std::collections::HashSet<String> {
+    manifest
+        .jobs
+        .iter()
+        .filter(|j| j.report_args)
+        .map(|j| j.class.clone())
+        .collect()
 }

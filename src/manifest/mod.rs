@@ -22,6 +22,11 @@
 //! class = "PlayguardJob"
 //! queue = "playguard"
 //! for_each_member_of = "playguard:marquees:launchable"
+//!
+//! [[hook]]
+//! on = "death"                     # failure | death | lock_lost | poison
+//! run = ["jobs/bin/page-oncall"]   # the event as JSON on stdin (report/hooks.rs)
+//! timeout_secs = 30                # optional
 //! ```
 
 pub mod cron;
@@ -60,6 +65,22 @@ pub struct JobSpec {
     /// the PLAYGUARD_* variables are set either way.
     #[serde(default)]
     pub env: Option<Vec<String>>,
+    /// Whether failure events to Sentry carry the job's `args` (they may hold personal data).
+    #[serde(default)]
+    pub report_args: bool,
+}
+
+/// A `[[hook]]` entry: a command run on a failure event (`report/hooks.rs`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookSpec {
+    /// The manifest file this entry came from (for error messages).
+    #[serde(skip)]
+    pub file: String,
+    pub on: String,
+    pub run: Vec<String>,
+    #[serde(default)]
+    pub timeout_secs: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -143,13 +164,16 @@ struct File {
     job: Vec<JobSpec>,
     #[serde(default)]
     periodic: Vec<PeriodicSpec>,
+    #[serde(default)]
+    hook: Vec<HookSpec>,
 }
 
-/// Every job and periodic entry of a manifest folder.
+/// Every job, periodic and hook entry of a manifest folder.
 #[derive(Debug, Default, Clone)]
 pub struct Manifest {
     pub jobs: Vec<JobSpec>,
     pub periodic: Vec<PeriodicSpec>,
+    pub hooks: Vec<HookSpec>,
 }
 
 impl Manifest {
@@ -190,6 +214,12 @@ impl Manifest {
                 validate_periodic(&mut p).map_err(|msg| err(&path, &entry, msg))?;
                 m.periodic.push(p);
             }
+            for (i, mut h) in f.hook.into_iter().enumerate() {
+                h.file = path.display().to_string();
+                let entry = format!("[[hook]] #{} (on {:?})", i + 1, h.on);
+                validate_hook(&h).map_err(|msg| err(&path, &entry, msg))?;
+                m.hooks.push(h);
+            }
         }
         Ok(m)
     }
@@ -208,15 +238,28 @@ impl Manifest {
                     .map(|p| (p.run.as_slice(), format!("phase {:?}", p.name)))
                     .collect(),
             };
-            for (argv, what) in argvs {
-                let prog = argv.first().map(String::as_str).unwrap_or("");
-                if let Err(why) = find_program(prog) {
-                    return Err(ManifestError {
-                        file: j.file.clone(),
-                        entry: format!("[[job]] (class {:?})", j.class),
-                        message: format!("{what}: {why}"),
-                    });
-                }
+            Self::check_programs(&j.file, &format!("[[job]] (class {:?})", j.class), argvs)?;
+        }
+        for h in &self.hooks {
+            let argvs = vec![(h.run.as_slice(), "run".to_string())];
+            Self::check_programs(&h.file, &format!("[[hook]] (on {:?})", h.on), argvs)?;
+        }
+        Ok(())
+    }
+
+    fn check_programs(
+        file: &str,
+        entry: &str,
+        argvs: Vec<(&[String], String)>,
+    ) -> Result<(), ManifestError> {
+        for (argv, what) in argvs {
+            let prog = argv.first().map(String::as_str).unwrap_or("");
+            if let Err(why) = find_program(prog) {
+                return Err(ManifestError {
+                    file: file.to_string(),
+                    entry: entry.to_string(),
+                    message: format!("{what}: {why}"),
+                });
             }
         }
         Ok(())
@@ -340,6 +383,15 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
     Ok(())
 }
 
+fn validate_hook(h: &HookSpec) -> Result<(), String> {
+    crate::report::hooks::On::parse(&h.on)?;
+    validate_argv("hook", &h.run)?;
+    if matches!(h.timeout_secs, Some(t) if t <= 0.0 || !t.is_finite()) {
+        return Err("timeout_secs must be > 0".into());
+    }
+    Ok(())
+}
+
 fn validate_periodic(p: &mut PeriodicSpec) -> Result<(), String> {
     if p.name.trim().is_empty() || p.class.trim().is_empty() || p.queue.trim().is_empty() {
         return Err("`name`, `class` and `queue` must not be empty".into());
@@ -414,5 +466,26 @@ for_each_member_of = "s"
         let e = load("[[job]]\nclass = \"P\"\n[[job.phase]]\nname = \"a\"\nrun = [\"x\"]\n")
             .unwrap_err();
         assert!(e.to_string().contains("need a `lock`"), "{e}");
+    }
+
+    #[test]
+    fn hooks_and_report_args_parse_and_bad_ones_are_named() {
+        let m = load(
+            "[[job]]\nclass = \"A\"\nrun = [\"x\"]\nreport_args = true\n\
+             [[hook]]\non = \"death\"\nrun = [\"bin/page\", \"--team\", \"ops\"]\ntimeout_secs = 5\n",
+        )
+        .unwrap();
+        assert!(m.jobs[0].report_args);
+        assert_eq!(m.hooks[0].on, "death");
+        assert_eq!(m.hooks[0].run, ["bin/page", "--team", "ops"]);
+        let e = load("[[hook]]\non = \"dead\"\nrun = [\"x\"]\n").unwrap_err();
+        assert!(
+            e.to_string().contains("[[hook]] #1") && e.to_string().contains("lock_lost"),
+            "{e}"
+        );
+        let e = load("[[hook]]\non = \"failure\"\nrun = []\n").unwrap_err();
+        assert!(e.to_string().contains("run"), "{e}");
+        let e = load("[[hook]]\non = \"poison\"\nrun = [\"x\"]\ntimeout_secs = 0\n").unwrap_err();
+        assert!(e.to_string().contains("timeout_secs"), "{e}");
     }
 }

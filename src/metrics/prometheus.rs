@@ -104,7 +104,7 @@ struct JobSeries {
 /// The labelled families, with their type and help, so a dashboard sees them all from the first
 /// scrape, even before anything happened (lock and phase events come from the cycle engine).
 /// The unlabelled gauges and fetch counters are written by `render` from their atomics.
-const FAMILIES: [(&str, &str, &str); 10] = [
+const FAMILIES: [(&str, &str, &str); 12] = [
     (
         "playguard_jobs_processed_total",
         "counter",
@@ -149,6 +149,16 @@ const FAMILIES: [(&str, &str, &str); 10] = [
         "playguard_phase_duration_seconds",
         "histogram",
         "Run time of each phase of phased jobs, by class and phase.",
+    ),
+    (
+        "playguard_sentry_events_total",
+        "counter",
+        "Failure events for Sentry by event: sent, or suppressed by the rate limit (report/limit.rs).",
+    ),
+    (
+        "playguard_hook_runs_total",
+        "counter",
+        "Runs of the manifest's [[hook]] commands by event: ok, failed, dropped.",
     ),
     (
         "playguard_queue_latency_seconds",

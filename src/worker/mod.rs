@@ -32,6 +32,8 @@ pub struct Worker {
     /// `playguard:locks:<identity>`: the locks our cycles hold, for the sweep to release if
     /// we die; None where no sweep recovers our jobs. Named once: every job's context has it.
     pub locks_record: Option<Arc<str>>,
+    /// Where failure reports go: Sentry and the manifest's hooks (`report/`).
+    pub reporter: Arc<crate::report::FailureReporter>,
 }
 
 impl Worker {

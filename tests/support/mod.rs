@@ -15,6 +15,7 @@ mod postgres;
 mod redis;
 mod ruby;
 mod sentinel;
+mod sentry_listener;
 mod tls;
 mod worker;
 
@@ -25,6 +26,7 @@ pub use self::postgres::*;
 pub use self::redis::*;
 pub use self::ruby::*;
 pub use self::sentinel::*;
+pub use self::sentry_listener::*;
 pub use self::tls::*;
 pub use self::worker::*;
 
