@@ -154,7 +154,8 @@ run = ["jobs/bin/record"]
 
 /// Seed 004's retention timeline against a real PostgreSQL row, through two real workers whose
 /// phase commands write with psql. The row and the key's fence start at 32. W1 takes the lock
-/// and is paused (SIGSTOP: worker and phase) past its lease; W2 takes it with a higher fence.
+/// and is paused (SIGSTOP: worker and the phase's writer, which runs apart from the phase's
+/// process group as a remote command would) past its lease; W2 takes it with a higher fence.
 /// W1's phase wakes and writes 30 days (lands: nobody newer wrote yet), W2 writes 90 days
 /// (lands), W1 writes 30 days again (refused). The row ends with W2's value and fence.
 #[test]
@@ -169,12 +170,25 @@ fn seed_004_retention_timeline_against_a_postgres_row() {
     );
     let p = Project::new();
     // Job data reaches psql only as -v variables, never inside a shell or SQL string.
+    // The writes run in a session of their own, as a command run over SSH runs on its remote
+    // host: the guardian kills the phase's process group before the lock can expire (the
+    // worker is frozen), and a write already under way elsewhere is what the fence refuses.
     p.script(
         "jobs/bin/write-retention",
         r#"#!/bin/sh
 set -eu
 days=$(printf '%s' "$PLAYGUARD_ARGS" | tr -d '[] "' | cut -d, -f1)
 who=$(printf '%s' "$PLAYGUARD_ARGS" | tr -d '[] "' | cut -d, -f2)
+setsid jobs/bin/retention-writer "$days" "$who" &
+wait
+"#,
+    );
+    p.script(
+        "jobs/bin/retention-writer",
+        r#"#!/bin/sh
+set -eu
+days=$1
+who=$2
 echo $$ > "$who.pid"
 for step in $(cat "$who.steps"); do
   while [ ! -e "$who-$step.go" ]; do sleep 0.02; done
