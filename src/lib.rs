@@ -28,8 +28,8 @@
 //! - `job/`: the payload, its queue, the handler registry, retry and dead, the push.
 //! - `metrics/`: Prometheus and its HTTP server; the Sidekiq Metrics tab.
 //! - `process/`: this process's identity, shutdown state, slot table, liveness lease.
-//! - `connections/`: Redis (one server, Sentinel, the shared and blocking connections),
-//!   PostgreSQL and its TLS, redaction of secrets.
+//! - `connections/`: Redis (one server, following the primary by name or through Sentinel,
+//!   the shared and blocking connections), PostgreSQL and its TLS, redaction of secrets.
 //! - `logging/`: line formats, a job's log scope and lines, the one writer thread.
 //!
 //! The library API of README's "Library use" keeps its short paths (`playguard::lock`,

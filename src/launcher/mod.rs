@@ -235,7 +235,7 @@ async fn build(
     manifest_jobs::check_database_needs(config.database_url.as_deref(), &registry)
         .map_err(StartError::Config)?;
     let url = crate::connections::redact::url(&config.redis_url);
-    let (client, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
+    let (_, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
     let version = redis_version(&mut conn, &url).await?;
     // Behind sentinels, the start line names the primary they led us to.
     let version = match conn.primary() {
@@ -244,14 +244,7 @@ async fn build(
     };
     let identity = crate::process::identity::new_identity();
     let db = open_database(&config, &identity).await?;
-    let worker = Arc::new(new_worker(
-        config,
-        registry,
-        shutdown,
-        (client, conn),
-        db,
-        identity,
-    ));
+    let worker = Arc::new(new_worker(config, registry, shutdown, conn, db, identity));
     if let Some(addr) = worker.config.metrics_addr {
         crate::metrics::server::serve(
             addr,
@@ -273,10 +266,7 @@ fn new_worker(
     config: Config,
     registry: Registry,
     shutdown: Shutdown,
-    (client, conn): (
-        crate::connections::redis_conn::Client,
-        crate::connections::redis_conn::Conn,
-    ),
+    conn: crate::connections::redis_conn::Conn,
     db: Option<crate::connections::db::Db>,
     identity: String,
 ) -> Worker {
@@ -292,7 +282,6 @@ fn new_worker(
     let locks_record = Worker::locks_record_for(&identity, &fetch);
     let worker = Worker {
         locks_record,
-        client,
         conn,
         db,
         identity,
