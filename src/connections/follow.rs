@@ -22,13 +22,23 @@ pub enum Source {
     Sentinel(Arc<Resolver>),
 }
 
-/// The server in use: its address, a client for it (dedicated connections), its manager.
+/// The server in use: its address, a client for it (dedicated connections), its manager, and
+/// its run id (INFO), which tells another server behind the same name from the same one.
 #[derive(Clone)]
 pub struct Server {
     pub addr: String,
     pub client: redis::Client,
     pub manager: ConnectionManager,
+    pub run_id: Option<String>,
 }
+
+/// Run with a new primary's manager before anything else is sent there (the fetch layer's
+/// reconcile after a failover, set by the launcher).
+pub type OnPrimary =
+    Arc<dyn Fn(ConnectionManager) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+/// How long the hook may hold back the new primary.
+const ON_PRIMARY_BUDGET: Duration = Duration::from_secs(10);
 
 /// What the shared connection uses now. `server` is None from the moment a server is left
 /// until the next primary answers: requests wait for it rather than go to the old one.
@@ -45,6 +55,7 @@ pub struct Follow {
     response_timeout: Duration,
     /// The primary a `+switch-master` notice named, tried before asking the sentinels.
     announced: Mutex<Option<(String, u16)>>,
+    pub on_primary: Mutex<Option<OnPrimary>>,
     pub watcher: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -104,6 +115,7 @@ impl Follow {
             refreshing: AtomicBool::new(false),
             response_timeout,
             announced: Mutex::new(None),
+            on_primary: Mutex::new(None),
             watcher: Mutex::new(None),
         }))
     }
@@ -173,12 +185,13 @@ impl Follow {
         {
             return;
         }
-        let mut old = None;
+        let mut left = None;
         self.state.send_modify(|c| {
             c.generation += 1;
-            old = c.server.take().map(|s| s.addr);
+            left = c.server.take();
         });
-        let old = old.unwrap_or_default();
+        let old = left.as_ref().map(|s| s.addr.clone()).unwrap_or_default();
+        let old_run = left.and_then(|s| s.run_id);
         tracing::warn!(server = %old, reason = %why, "Redis: leaving this server, finding the primary again");
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -189,6 +202,9 @@ impl Follow {
                 match connect(&f.source, announced, f.response_timeout).await {
                     Ok(s) => {
                         tracing::warn!(primary = %s.addr, previous = %old, "Redis: following the primary");
+                        if s.run_id.is_none() || s.run_id != old_run {
+                            f.before_use(&s).await;
+                        }
                         f.state.send_modify(|c| c.server = Some(s));
                         f.refreshing.store(false, Ordering::Release);
                         return;
@@ -201,6 +217,25 @@ impl Follow {
                 tokio::time::sleep(backoff.pause()).await;
             }
         });
+    }
+}
+
+impl Follow {
+    /// Run the hook (the reconcile) on a new primary, bounded in time.
+    async fn before_use(&self, s: &Server) {
+        let hook = self
+            .on_primary
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(hook) = hook {
+            if tokio::time::timeout(ON_PRIMARY_BUDGET, hook(s.manager.clone()))
+                .await
+                .is_err()
+            {
+                tracing::warn!(primary = %s.addr, "Redis: the failover reconcile did not finish in time; going on");
+            }
+        }
     }
 }
 
@@ -226,11 +261,21 @@ async fn connect(
     if matches!(source, Source::Plain(_)) {
         refuse_replica(&mut manager, &addr).await?;
     }
+    let run_id = run_id(&mut manager).await;
     Ok(Server {
         addr,
         client,
         manager,
+        run_id,
     })
+}
+
+/// The server's `run_id` (INFO server), or None where INFO is refused.
+async fn run_id(m: &mut ConnectionManager) -> Option<String> {
+    let info: String = redis::cmd("INFO").arg("server").query_async(m).await.ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(|r| r.trim().to_string())
 }
 
 /// `ROLE` says "slave": not the primary (yet). A server that refuses ROLE (renamed, or denied

@@ -70,6 +70,12 @@ impl Conn {
         }
     }
 
+    /// Run `hook` with every new primary's manager before anything else goes there (a server
+    /// of another run id than the one left: a failover, not a reconnect).
+    pub fn on_new_primary(&self, hook: crate::connections::follow::OnPrimary) {
+        *self.0.on_primary.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
     /// The generation of the server in use (bumped each time one is left).
     pub fn generation(&self) -> u64 {
         self.0.current().generation

@@ -8,6 +8,7 @@
 
 mod acks;
 mod basic;
+pub mod recent;
 mod reliable;
 pub mod unit_of_work;
 mod working_order;
@@ -57,6 +58,8 @@ pub struct FetchStrategy {
     /// Jobs stopped and meant to go back to their queues while Redis could not be reached:
     /// retried after every heartbeat that lands, so none stays in our working list for good.
     deferred_requeues: Mutex<Vec<UnitOfWork>>,
+    /// The jobs finished in the last seconds, re-applied on a new primary after a failover.
+    recent: recent::Recent,
 }
 
 impl FetchStrategy {
@@ -70,6 +73,7 @@ impl FetchStrategy {
             conn,
             shutdown,
             deferred_requeues: Mutex::default(),
+            recent: recent::Recent::default(),
         }
     }
 
@@ -172,6 +176,7 @@ impl FetchStrategy {
 
     /// A job finished: acknowledge it (batched, off the job's path).
     pub fn acknowledge(&self, job: UnitOfWork) {
+        self.recent.finished(&job, None);
         if let Mode::Reliable(r) = &self.mode {
             r.acknowledge(job);
         }
@@ -196,6 +201,7 @@ impl FetchStrategy {
                 if let Mode::Reliable(r) = &self.mode {
                     r.gone(job);
                 }
+                self.recent.finished(job, Some(pipe));
                 return;
             };
             if self.shutdown.past_deadline() {
@@ -265,6 +271,21 @@ impl FetchStrategy {
         if let Mode::Reliable(r) = &self.mode {
             r.finish_acks().await;
         }
+    }
+
+    /// After a failover, before `conn` (the new primary) is used: re-apply what we finished in
+    /// the last seconds and list the `running` jobs (queue, payload) in our working lists
+    /// there (`recent.rs`), so neither runs again from a copy the old primary never passed on.
+    pub async fn reconcile<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        running: &[(std::sync::Arc<str>, std::sync::Arc<str>)],
+    ) -> redis::RedisResult<recent::Reconciled> {
+        let working = |q: &str| match &self.mode {
+            Mode::Reliable(r) => Some(r.working_key(q)),
+            Mode::Basic(_) => None,
+        };
+        self.recent.reconcile(conn, running, working).await
     }
 
     /// Everything fetched but not finished goes back to its queue (Sidekiq's bulk_requeue):

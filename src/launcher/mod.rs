@@ -245,6 +245,7 @@ async fn build(
     let identity = crate::process::identity::new_identity();
     let db = open_database(&config, &identity).await?;
     let worker = Arc::new(new_worker(config, registry, shutdown, conn, db, identity));
+    reconcile_on_failover(&worker);
     if let Some(addr) = worker.config.metrics_addr {
         crate::metrics::server::serve(
             addr,
@@ -258,6 +259,30 @@ async fn build(
         queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
         classes = %worker.registry.classes().join(","), "playguard starting");
     Ok((worker, manifest.periodic))
+}
+
+/// After a failover, before the new primary is used: our recent acks and outcomes again there,
+/// and our running jobs listed in our working lists there (`fetch/recent.rs`).
+fn reconcile_on_failover(worker: &Arc<Worker>) {
+    let me = Arc::downgrade(worker);
+    worker.conn.on_new_primary(Arc::new(move |mut m| {
+        let me = me.clone();
+        Box::pin(async move {
+            let Some(w) = me.upgrade() else { return };
+            let running: Vec<_> = w
+                .slots
+                .snapshot()
+                .into_iter()
+                .map(|(_, e)| (e.queue, e.payload))
+                .collect();
+            match w.fetch.reconcile(&mut m, &running).await {
+                Ok(r) => tracing::warn!(finished = r.finished, running = r.running, unqueued = r.unqueued,
+                    "failover: re-applied on the new primary what this process did in its last seconds"),
+                Err(e) => tracing::warn!(error = %e,
+                    "failover: could not re-apply our last seconds on the new primary; jobs may run twice"),
+            }
+        })
+    }));
 }
 
 /// The worker's shared state: its fetch strategy, liveness lease (only a fetch with orphan
