@@ -279,17 +279,19 @@ async fn run_id(m: &mut ConnectionManager) -> Option<String> {
 }
 
 /// `ROLE` says "slave": not the primary (yet). A server that refuses ROLE (renamed, or denied
-/// by an ACL on a managed Redis) is taken at its word.
+/// by an ACL on a managed Redis) or answers it oddly (a proxy) is taken at its word.
 async fn refuse_replica(m: &mut ConnectionManager, addr: &str) -> RedisResult<()> {
-    let role: RedisResult<Vec<Value>> = redis::cmd("ROLE").query_async(m).await;
-    match role {
-        Ok(v) => match v.first() {
-            Some(Value::BulkString(b)) if b.as_slice() == b"slave" => Err(replica(addr)),
-            Some(Value::SimpleString(s)) if s == "slave" => Err(replica(addr)),
-            _ => Ok(()),
-        },
-        Err(e) if e.code().is_some() && !primary_suspect(&e) => Ok(()),
-        Err(e) => Err(e),
+    let role: RedisResult<Value> = redis::cmd("ROLE").query_async(m).await;
+    let first = match role {
+        Ok(Value::Array(v)) => v.into_iter().next(),
+        Ok(_) => None,
+        Err(e) if e.code().is_some() && !primary_suspect(&e) => None,
+        Err(e) => return Err(e),
+    };
+    match first {
+        Some(Value::BulkString(b)) if b.as_slice() == b"slave" => Err(replica(addr)),
+        Some(Value::SimpleString(s)) if s == "slave" => Err(replica(addr)),
+        _ => Ok(()),
     }
 }
 
