@@ -2,8 +2,9 @@
 //! Service): a proxy this test starts sends new connections to server B while those already
 //! open stay on A, and A is made a replica of B (`REPLICAOF`), as a managed Redis does. The
 //! worker must notice (READONLY on its old connections), reconnect every connection by name,
-//! keep its running job alive, and run a job pushed to B. Waits are conditions with
-//! deadlines; the measured figures are printed, never asserted as timings.
+//! keep its running job alive, and run a job pushed to B; and what it did on A after A stopped
+//! replicating is re-applied on B (`fetch/recent.rs`). Waits are conditions with deadlines;
+//! the measured figures are printed, never asserted as timings.
 mod support;
 
 use std::time::{Duration, Instant};
@@ -23,6 +24,24 @@ fn ran(p: &Project) -> Vec<String> {
         .iter()
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .collect()
+}
+
+fn now_epoch() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// A and B, B a replica of A. Both load a replication stream from the socket, never through a
+/// dump.rdb in the working directory (A becomes B's replica in these tests).
+fn pair() -> (RedisServer, RedisServer) {
+    let diskless = ["--repl-diskless-load", "swapdb"];
+    let a = RedisServer::start_with(&diskless);
+    let port = a.port.to_string();
+    let b =
+        RedisServer::start_with(&[&diskless[..], &["--replicaof", "127.0.0.1", &port]].concat());
+    (a, b)
 }
 
 fn project() -> Project {
@@ -49,8 +68,7 @@ fn project() -> Project {
 
 #[test]
 fn a_moved_name_is_followed_without_killing_running_work() {
-    let a = RedisServer::start();
-    let b = RedisServer::start_with(&["--replicaof", "127.0.0.1", &a.port.to_string()]);
+    let (a, b) = pair();
     wait_until("B in sync with A", Duration::from_secs(20), || {
         info(&b, "replication").contains("master_link_status:up")
     });
@@ -122,6 +140,114 @@ fn a_moved_name_is_followed_without_killing_running_work() {
         !procs.is_empty()
     });
     eprintln!("FIGURES (moved name): move-to-first-job-on-B {first_job:?}");
+    w.signal("TERM");
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        w.output()
+    );
+}
+
+/// What the worker did on A after A stopped replicating to B is re-applied on B when the name
+/// moves there: a job it finished on A (B still has it queued) does not run again, a job it
+/// acknowledged on A leaves its working list on B, and a job it still runs is listed in its
+/// working list on B (and not queued there).
+#[test]
+fn what_the_old_primary_never_passed_on_is_reapplied() {
+    let (a, b) = pair();
+    wait_until("B in sync with A", Duration::from_secs(20), || {
+        info(&b, "replication").contains("master_link_status:up")
+    });
+    let proxy = Proxy::start(a.port);
+    let p = project();
+    p.script("jobs/bin/gate", BLOCK_UNTIL_RELEASE);
+    p.write(
+        "jobs/gate.toml",
+        "[[job]]\nclass = \"Gate\"\nrun = [\"jobs/bin/gate\"]\n",
+    );
+    let mut w = Worker::builder_url(&proxy.url())
+        .jobs(p.path())
+        .args(["-c", "1"])
+        .start();
+    w.wait_for_line("playguard starting", Duration::from_secs(10));
+    let identity = w
+        .line_with("playguard starting")
+        .and_then(|l| {
+            l.split_whitespace()
+                .find_map(|f| f.strip_prefix("identity=").map(str::to_string))
+        })
+        .expect("the start line names the identity");
+    let working = format!("playguard:working:{identity}:default");
+    enqueue_url(&proxy.url(), &["Gate"]);
+    wait_until(
+        "the gate job holds the one slot",
+        Duration::from_secs(10),
+        || a.llen(&working) == 1 && a.llen("queue:default") == 0,
+    );
+    enqueue_url(&proxy.url(), &["Note", "queued-on-both"]);
+    let _: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(5000)
+        .query(&mut a.conn())
+        .unwrap();
+    // B stops following A: from here A's writes never reach B.
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b.conn())
+        .unwrap();
+    assert_eq!((b.llen("queue:default"), b.llen(&working)), (1, 1));
+    p.write("release", "");
+    wait_until("the queued job runs on A", Duration::from_secs(10), || {
+        ran(&p).iter().any(|r| r == "queued-on-both")
+    });
+    enqueue_url(&proxy.url(), &["Slow"]);
+    wait_until(
+        "the slow job runs (on A only)",
+        Duration::from_secs(10),
+        || ran(&p).iter().any(|r| r == "slow"),
+    );
+
+    proxy.move_to(b.port);
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(b.port)
+        .query(&mut a.conn())
+        .unwrap();
+    let moved = now_epoch();
+    wait_until("the worker beats on B", Duration::from_secs(30), || {
+        redis::cmd("HGET")
+            .arg(&identity)
+            .arg("beat")
+            .query::<Option<f64>>(&mut b.conn())
+            .ok()
+            .flatten()
+            .is_some_and(|beat| beat > moved)
+    });
+    let listed = b.lrange(&working);
+    assert!(
+        listed.len() == 1 && listed[0].contains("\"Slow\"") && b.llen("queue:default") == 0,
+        "B lists only the running slow job: working {listed:?}, queue {:?}\n{}",
+        b.lrange("queue:default"),
+        w.output()
+    );
+    wait_until("the slow job ends", Duration::from_secs(40), || {
+        ran(&p).iter().any(|r| r == "slow-end")
+    });
+    wait_until("its ack lands on B", Duration::from_secs(10), || {
+        b.llen(&working) == 0
+    });
+    let runs = ran(&p);
+    assert_eq!(
+        runs.iter().filter(|r| *r == "queued-on-both").count(),
+        1,
+        "the job finished on A did not run again from B's queue: {runs:?}"
+    );
+    eprintln!(
+        "FIGURES (moved name, reconcile): {}",
+        w.line_with("failover: re-applied").unwrap_or_default()
+    );
     w.signal("TERM");
     assert_eq!(
         w.wait_exit(Duration::from_secs(30)),
