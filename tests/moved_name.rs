@@ -186,18 +186,25 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
         || a.llen(&working) == 1 && a.llen("queue:default") == 0,
     );
     enqueue_url(&proxy.url(), &["Note", "queued-on-both"]);
-    let _: i64 = redis::cmd("WAIT")
+    let acked: i64 = redis::cmd("WAIT")
         .arg(1)
         .arg(5000)
         .query(&mut a.conn())
         .unwrap();
+    assert_eq!(acked, 1, "B has A's writes:\n{}", info(&b, "replication"));
     // B stops following A: from here A's writes never reach B.
     let _: () = redis::cmd("REPLICAOF")
         .arg("NO")
         .arg("ONE")
         .query(&mut b.conn())
         .unwrap();
-    assert_eq!((b.llen("queue:default"), b.llen(&working)), (1, 1));
+    assert_eq!(
+        (b.llen("queue:default"), b.llen(&working)),
+        (1, 1),
+        "B holds the queued job and the gate job:\n{}\n{}",
+        info(&b, "replication"),
+        info(&b, "keyspace")
+    );
     p.write("release", "");
     wait_until("the queued job runs on A", Duration::from_secs(10), || {
         ran(&p).iter().any(|r| r == "queued-on-both")

@@ -45,7 +45,8 @@ const ON_PRIMARY_BUDGET: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub struct Current {
     pub generation: u64,
-    pub server: Option<Server>,
+    /// Shared, so a request's look-up costs a reference count, not a copy of the client.
+    pub server: Option<Arc<Server>>,
 }
 
 pub struct Follow {
@@ -110,7 +111,7 @@ impl Follow {
             source,
             state: watch::Sender::new(Current {
                 generation: 0,
-                server: Some(server),
+                server: Some(Arc::new(server)),
             }),
             refreshing: AtomicBool::new(false),
             response_timeout,
@@ -126,7 +127,7 @@ impl Follow {
 
     /// The server to send to, and its generation; while none is known yet, wait for one up
     /// to the response timeout.
-    pub async fn server(&self) -> RedisResult<(u64, Server)> {
+    pub async fn server(&self) -> RedisResult<(u64, Arc<Server>)> {
         {
             let c = self.state.borrow();
             if let Some(s) = &c.server {
@@ -191,7 +192,7 @@ impl Follow {
             left = c.server.take();
         });
         let old = left.as_ref().map(|s| s.addr.clone()).unwrap_or_default();
-        let old_run = left.and_then(|s| s.run_id);
+        let old_run = left.and_then(|s| s.run_id.clone());
         tracing::warn!(server = %old, reason = %why, "Redis: leaving this server, finding the primary again");
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -205,7 +206,7 @@ impl Follow {
                         if s.run_id.is_none() || s.run_id != old_run {
                             f.before_use(&s).await;
                         }
-                        f.state.send_modify(|c| c.server = Some(s));
+                        f.state.send_modify(|c| c.server = Some(Arc::new(s)));
                         f.refreshing.store(false, Ordering::Release);
                         return;
                     }

@@ -64,7 +64,11 @@ impl Conn {
             Source::Plain(_) => None,
             Source::Sentinel(r) => Some(format!(
                 "{} (sentinel master {})",
-                self.0.current().server.map(|s| s.addr).unwrap_or_default(),
+                self.0
+                    .current()
+                    .server
+                    .map(|s| s.addr.clone())
+                    .unwrap_or_default(),
                 r.url.master
             )),
         }
@@ -119,8 +123,8 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         let f = self.0.clone();
         Box::pin(async move {
-            let (generation, mut s) = f.server().await?;
-            let r = s.manager.req_packed_command(cmd).await;
+            let (generation, s) = f.server().await?;
+            let r = s.manager.clone().req_packed_command(cmd).await;
             f.check(generation, r, value_suspect)
         })
     }
@@ -133,8 +137,12 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let f = self.0.clone();
         Box::pin(async move {
-            let (generation, mut s) = f.server().await?;
-            let r = s.manager.req_packed_commands(pipeline, offset, count).await;
+            let (generation, s) = f.server().await?;
+            let r = s
+                .manager
+                .clone()
+                .req_packed_commands(pipeline, offset, count)
+                .await;
             f.check(generation, r, |vs| vs.iter().any(value_suspect))
         })
     }
