@@ -173,8 +173,17 @@ impl Follow {
 
     /// A `+switch-master` notice named the new primary: leave the old one now.
     pub fn switched(self: &Arc<Self>, to: Option<(String, u16)>) {
+        let (generation, now) = {
+            let c = self.state.borrow();
+            (c.generation, c.server.as_ref().map(|s| s.addr.clone()))
+        };
+        // Already there (a READONLY led us to it first): nothing to leave.
+        if let (Some((host, port)), Some(now)) = (&to, now) {
+            if now == format!("{host}:{port}") {
+                return;
+            }
+        }
         *self.announced.lock().unwrap_or_else(|e| e.into_inner()) = to;
-        let generation = self.state.borrow().generation;
         self.leave(generation, "+switch-master");
     }
 
