@@ -3,7 +3,8 @@
 //! open stay on A, and A is made a replica of B (`REPLICAOF`), as a managed Redis does. The
 //! worker must notice (READONLY on its old connections), reconnect every connection by name,
 //! keep its running job alive, and run a job pushed to B; and what it did on A after A stopped
-//! replicating is re-applied on B (`fetch/recent.rs`). Waits are conditions with deadlines;
+//! replicating is re-applied on B (`fetch/recent.rs`); a silent A (paused) is left on a response
+//! timeout. Waits are conditions with deadlines;
 //! the measured figures are printed, never asserted as timings.
 mod support;
 
@@ -255,6 +256,64 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
         "FIGURES (moved name, reconcile): {}",
         w.line_with("failover: re-applied").unwrap_or_default()
     );
+    w.signal("TERM");
+    assert_eq!(
+        w.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        w.output()
+    );
+}
+
+/// A host that stops answering without closing anything (SIGSTOP: no reset, no reply) while
+/// the name moves to B: the worker's requests to A time out, which makes it connect again by
+/// name, and it runs a job pushed to B without killing the job it was running.
+#[test]
+fn a_silent_old_primary_is_left_on_a_response_timeout() {
+    let (a, b) = pair();
+    wait_until("B in sync with A", Duration::from_secs(20), || {
+        info(&b, "replication").contains("master_link_status:up")
+    });
+    let proxy = Proxy::start(a.port);
+    let p = project();
+    let mut w = Worker::builder_url(&proxy.url())
+        .jobs(p.path())
+        .args(["-c", "3"])
+        .start();
+    w.wait_for_line("playguard starting", Duration::from_secs(10));
+    enqueue_url(&proxy.url(), &["Slow"]);
+    wait_until("the slow job runs", Duration::from_secs(10), || {
+        ran(&p).iter().any(|r| r == "slow")
+    });
+    a.pause();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut b.conn())
+        .unwrap();
+    proxy.move_to(b.port);
+    let moved = Instant::now();
+    push_to_default(
+        &b,
+        r#"{"retry":true,"queue":"default","class":"Note","args":["after"],"jid":"0123456789abcdef01234568","created_at":1,"enqueued_at":1}"#,
+    );
+    wait_until(
+        "a job pushed to B after A went silent runs",
+        Duration::from_secs(30),
+        || ran(&p).iter().any(|r| r == "after"),
+    );
+    let first_job = moved.elapsed();
+    wait_until(
+        "the slow job that ran across the move ends",
+        Duration::from_secs(40),
+        || ran(&p).iter().any(|r| r == "slow-end"),
+    );
+    assert!(
+        w.child.try_wait().unwrap().is_none(),
+        "the worker is up:\n{}",
+        w.output()
+    );
+    eprintln!("FIGURES (silent old primary): move-to-first-job-on-B {first_job:?}");
     w.signal("TERM");
     assert_eq!(
         w.wait_exit(Duration::from_secs(30)),
