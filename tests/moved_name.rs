@@ -4,8 +4,8 @@
 //! worker must notice (READONLY on its old connections), reconnect every connection by name,
 //! keep its running job alive, and run a job pushed to B; and what it did on A after A stopped
 //! replicating is re-applied on B (`fetch/recent.rs`); a silent A (paused) is left on a response
-//! timeout. Waits are conditions with deadlines;
-//! the measured figures are printed, never asserted as timings.
+//! timeout. Waits are conditions with deadlines; the measured figures are printed, never
+//! asserted as timings.
 mod support;
 
 use std::time::{Duration, Instant};
