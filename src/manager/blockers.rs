@@ -108,8 +108,17 @@ pub fn spawn(
                 }
             }
             let (generation, c) = conn.as_mut().expect("connected above");
-            match pop(&worker, &wait, *generation, c).await {
+            let generation = *generation;
+            match pop(&worker, &wait, generation, c).await {
                 Ok(job) => send(job, false),
+                // The server was left (a failover): the next connection waits for the new
+                // primary itself, so no pause is added to the switch.
+                Err(e) if worker.conn.generation() != generation => {
+                    tracing::warn!(error = %e, "fetch: the server was left; reconnecting");
+                    conn = None;
+                    client_id.store(-1, Ordering::SeqCst);
+                    send(None, true);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                     conn = None;
