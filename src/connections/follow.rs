@@ -268,6 +268,13 @@ async fn connect(
         },
     };
     let mut manager = crate::connections::redis_conn::manager(&client, response_timeout).await?;
+    // A server still loading its dataset answers LOADING to everything: taking it now would
+    // only make the next request leave it again, a reconnect per request; wait with backoff.
+    if let Err(e) = redis::cmd("PING").query_async::<()>(&mut manager).await {
+        if e.code() == Some("LOADING") {
+            return Err(e);
+        }
+    }
     if matches!(source, Source::Plain(_)) {
         refuse_replica(&mut manager, &addr).await?;
     }
