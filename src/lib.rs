@@ -32,8 +32,8 @@
 //!   Metrics tab.
 //! - `process/`: this process's identity, shutdown state, slot table, liveness lease, what it
 //!   knows of Redis's state, and sd_notify.
-//! - `connections/`: Redis (one server, Sentinel, the shared and blocking connections),
-//!   PostgreSQL and its TLS, redaction of secrets.
+//! - `connections/`: Redis (one server, following the primary by name or through Sentinel,
+//!   the shared and blocking connections), PostgreSQL and its TLS, redaction of secrets.
 //! - `logging/`: line formats, a job's log scope and lines, the one writer thread.
 //!
 //! The library API of README's "Library use" keeps its short paths (`playguard::lock`,

@@ -92,6 +92,27 @@ fn help_check_and_enqueue_never_print_the_password() {
     assert!(t.contains("ok:") && !t.contains(SECRET), "{t}");
 }
 
+/// A password typed raw with `#`, `/` or `?` in it makes a URL that does not parse: the "bad
+/// Redis URL" line that names it hides the whole password, not only what comes before them.
+#[test]
+fn a_password_holding_url_delimiters_is_hidden_whole() {
+    let plain = Project::with_jobs(&[("PlainJob", "plain", "#!/bin/sh\ntrue\n")]);
+    for pw in ["s3cret#Pw", "s3cret/Pw", "s3cret?Pw", "a#s3cret/Pw?x"] {
+        let url = format!("redis://app:{pw}@127.0.0.1:{}/0", free_port());
+        for args in [&["check", "-r", &url][..], &["enqueue", "-r", &url, "AJob"]] {
+            let out = Command::new(bin())
+                .args(args)
+                .current_dir(plain.path())
+                .env_remove("DATABASE_URL")
+                .output()
+                .unwrap();
+            let t = output_text(&out);
+            assert!(!out.status.success(), "{t}");
+            assert!(!t.contains("s3cret"), "{args:?} shows the password: {t}");
+        }
+    }
+}
+
 /// A worker run (start, a job, a failing job, stop) and a failed start log no password.
 #[test]
 fn worker_logs_never_print_the_password() {

@@ -4,6 +4,7 @@
 
 pub mod db;
 pub mod db_tls;
+pub mod follow;
 pub mod redact;
 pub mod redis_client;
 pub mod redis_conn;

@@ -1,18 +1,18 @@
 //! Redis connections: one shared multiplexed connection for ordinary commands (with an explicit
 //! response timeout, since redis-rs >= 1.0 defaults to 500 ms), and dedicated connections for
-//! blocking pops so a BRPOP/BLMOVE never stalls the shared pipe. With a `redis-sentinel://` URL
-//! both find the current primary through the sentinels and follow it after a failover
-//! (`sentinel.rs`). Clients for one server come from `redis_client.rs`. Touches no keys
-//! itself.
+//! blocking pops so a BRPOP/BLMOVE never stalls the shared pipe. Both go to the server the
+//! shared connection follows (`follow.rs`: by name, or through the sentinels of a
+//! `redis-sentinel://` URL, `sentinel.rs`) and leave it together. Clients for one server come
+//! from `redis_client.rs`. Touches no keys itself.
 
+use crate::connections::follow::{value_suspect, Follow, Source};
 pub use crate::connections::redis_client::{plain_client, CA_ENV};
-use crate::connections::sentinel::{Backoff, Resolver, SentinelUrl};
+use crate::connections::sentinel::{Resolver, SentinelUrl};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::{AsyncConnectionConfig, Cmd, RedisFuture, RedisResult, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long an ordinary command may take before we call it an error.
@@ -52,159 +52,81 @@ pub fn client(url: &str) -> RedisResult<Client> {
     plain_client(url).map(Client::Plain)
 }
 
-/// The shared connection, cloned into every task. For a plain URL it is the ConnectionManager
-/// itself (no extra cost per command); behind sentinels it is the manager of the current
-/// primary, swapped for a new one when the primary moves.
+/// The shared connection, cloned into every task: the manager of the server in use now
+/// (`follow.rs`), left for the primary found again when a reply says it may no longer be it.
 #[derive(Clone)]
-pub struct Conn(Shared);
-
-#[derive(Clone)]
-enum Shared {
-    Plain(ConnectionManager),
-    Sentinel(Arc<Follow>),
-}
-
-/// The sentinel case: the current primary's manager, and at most one re-resolution at a time.
-struct Follow {
-    resolver: Arc<Resolver>,
-    current: RwLock<(String, ConnectionManager)>,
-    refreshing: AtomicBool,
-    response_timeout: Duration,
-    db: i64,
-    watcher: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
-}
-
-impl Drop for Follow {
-    fn drop(&mut self) {
-        if let Some(w) = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            w.abort();
-        }
-    }
-}
-
-/// Whether an error means "this may no longer be the primary": the connection failed, or the
-/// server answered as a replica (READONLY; MASTERDOWN from a replica that lost its primary; a
-/// MULTI aborted because a command in it was refused).
-fn primary_suspect(e: &redis::RedisError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown | ServerErrorKind::ExecAbort)
-        )
-        // A script's redis.call refused by a replica carries the code inside its message.
-        || e.to_string().contains("READONLY")
-}
-
-fn value_suspect(v: &Value) -> bool {
-    match v {
-        Value::ServerError(e) => matches!(e.code(), "READONLY" | "MASTERDOWN" | "EXECABORT"),
-        Value::Array(items) => items.iter().any(value_suspect),
-        _ => false,
-    }
-}
-
-impl Follow {
-    fn manager(&self) -> ConnectionManager {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .1
-            .clone()
-    }
-
-    /// Pass a reply through, asking the sentinels again when it suggests the primary moved.
-    fn check<T>(
-        self: &Arc<Self>,
-        r: RedisResult<T>,
-        suspect: impl Fn(&T) -> bool,
-    ) -> RedisResult<T> {
-        match &r {
-            Err(e) if primary_suspect(e) => self.refresh(),
-            Ok(v) if suspect(v) => self.refresh(),
-            _ => {}
-        }
-        r
-    }
-
-    /// Ask the sentinels again in the background, with jittered backoff until a server that
-    /// says it is the primary answers; then new requests go there. Requests in flight (and
-    /// the one that failed) keep their errors: callers retry, or end a cycle as lock lost.
-    fn refresh(self: &Arc<Self>) {
-        if self.refreshing.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let me = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut backoff = Backoff::new();
-            loop {
-                let Some(f) = me.upgrade() else { return };
-                match f.resolver.primary().await {
-                    Ok((addr, client)) => match manager(&client, f.response_timeout).await {
-                        Ok(m) => {
-                            let previous = std::mem::replace(
-                                &mut *f.current.write().unwrap_or_else(|e| e.into_inner()),
-                                (addr.clone(), m),
-                            );
-                            if previous.0 != addr {
-                                tracing::warn!(primary = %addr, previous = %previous.0, master = %f.resolver.url.master,
-                                    "Redis Sentinel: following the new primary");
-                            }
-                            // A pause before the next refresh may start, so a burst of errors
-                            // from requests already in flight does not re-resolve at once.
-                            tokio::time::sleep(backoff.pause()).await;
-                            f.refreshing.store(false, Ordering::Release);
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "Redis Sentinel: cannot connect to the primary; asking again")
-                        }
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "Redis Sentinel: no primary yet; asking again")
-                    }
-                }
-                drop(f);
-                tokio::time::sleep(backoff.pause()).await;
-            }
-        });
-    }
-}
+pub struct Conn(Arc<Follow>);
 
 impl Conn {
     /// The primary this connection talks to, when it was found through sentinels.
     pub fn primary(&self) -> Option<String> {
-        match &self.0 {
-            Shared::Plain(_) => None,
-            Shared::Sentinel(f) => Some(format!(
+        match &self.0.source {
+            Source::Plain(_) => None,
+            Source::Sentinel(r) => Some(format!(
                 "{} (sentinel master {})",
-                f.current.read().unwrap_or_else(|e| e.into_inner()).0,
-                f.resolver.url.master
+                self.0
+                    .current()
+                    .server
+                    .map(|s| s.addr.clone())
+                    .unwrap_or_default(),
+                r.url.master
             )),
         }
+    }
+
+    /// Run `hook` with every new primary's manager before anything else goes there (a server
+    /// of another run id than the one left: a failover, not a reconnect).
+    pub fn on_new_primary(&self, hook: crate::connections::follow::OnPrimary) {
+        *self.0.on_primary.lock().unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
+    /// The generation of the server in use (bumped each time one is left).
+    pub fn generation(&self) -> u64 {
+        self.0.current().generation
+    }
+
+    /// Resolves once the server of `generation` has been left.
+    pub async fn left(&self, generation: u64) {
+        self.0.left(generation).await
+    }
+
+    /// An error on a connection of ours to the server of `generation` (a dedicated one): leave
+    /// that server if it says it may no longer be the primary.
+    pub fn suspect(&self, generation: u64, e: redis::RedisError) -> redis::RedisError {
+        match self.0.check::<()>(generation, Err(e), |_| false) {
+            Err(e) => e,
+            Ok(()) => unreachable!("an error stays an error"),
+        }
+    }
+
+    /// A connection of its own for blocking commands, to the server in use now, and that
+    /// server's generation. Its reply deadline sits well above the 2 s server-side timeout of
+    /// our BRPOP/BLMOVE (redis-rs's 500 ms default would cut them off) but is bounded, so a
+    /// half-open TCP connection cannot stop fetching forever while the heartbeat (on the shared
+    /// connection) says the process is fine. As with Sidekiq's read timeout, a basic-fetch
+    /// BRPOP given up on by the client can still pop on a paused server; with reliable fetch
+    /// such a job waits in our working list and goes back to its queue at our next stop.
+    pub async fn dedicated(&self) -> RedisResult<(u64, MultiplexedConnection)> {
+        let cfg = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(Some(BLOCKING_RESPONSE_TIMEOUT));
+        let (generation, server) = self.0.server().await?;
+        let c = server
+            .client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await;
+        Ok((generation, c.map_err(|e| self.suspect(generation, e))?))
     }
 }
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match &mut self.0 {
-            Shared::Plain(m) => m.req_packed_command(cmd),
-            Shared::Sentinel(f) => {
-                let f = f.clone();
-                Box::pin(async move {
-                    let r = f.manager().req_packed_command(cmd).await;
-                    f.check(r, value_suspect)
-                })
-            }
-        }
+        let f = self.0.clone();
+        Box::pin(async move {
+            let (generation, s) = f.server().await?;
+            let r = s.manager.clone().req_packed_command(cmd).await;
+            f.check(generation, r, value_suspect)
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -213,30 +135,27 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match &mut self.0 {
-            Shared::Plain(m) => m.req_packed_commands(pipeline, offset, count),
-            Shared::Sentinel(f) => {
-                let f = f.clone();
-                Box::pin(async move {
-                    let r = f
-                        .manager()
-                        .req_packed_commands(pipeline, offset, count)
-                        .await;
-                    f.check(r, |vs| vs.iter().any(value_suspect))
-                })
-            }
-        }
+        let f = self.0.clone();
+        Box::pin(async move {
+            let (generation, s) = f.server().await?;
+            let r = s
+                .manager
+                .clone()
+                .req_packed_commands(pipeline, offset, count)
+                .await;
+            f.check(generation, r, |vs| vs.iter().any(value_suspect))
+        })
     }
 
     fn get_db(&self) -> i64 {
-        match &self.0 {
-            Shared::Plain(m) => m.get_db(),
-            Shared::Sentinel(f) => f.db,
+        match &self.0.source {
+            Source::Plain(c) => c.get_connection_info().redis_settings().db(),
+            Source::Sentinel(r) => r.url.db,
         }
     }
 }
 
-async fn manager(
+pub(crate) async fn manager(
     client: &redis::Client,
     response_timeout: Duration,
 ) -> RedisResult<ConnectionManager> {
@@ -248,31 +167,27 @@ async fn manager(
     client.get_connection_manager_with_config(cfg).await
 }
 
-/// The shared connection: pipelined, every reply bounded by `response_timeout`, reconnecting in
-/// the background after an error (the failed request itself still reports the error). Behind
-/// sentinels it also watches `+switch-master` and re-resolves the primary after an error.
+/// The shared connection: pipelined, every reply bounded by `response_timeout`. A reply that
+/// says the server may no longer be the primary (READONLY, MASTERDOWN, LOADING, a reset, a
+/// timeout) makes it leave that server and find the primary again, by name or through the
+/// sentinels, whose `+switch-master` notices it also watches (the failed request itself
+/// still reports its error: callers retry, or end a cycle as lock lost).
 pub async fn shared_with_timeout(
     client: &(impl Into<Client> + Clone),
     response_timeout: Duration,
 ) -> RedisResult<Conn> {
     match client.clone().into() {
-        Client::Plain(c) => Ok(Conn(Shared::Plain(manager(&c, response_timeout).await?))),
+        Client::Plain(c) => Ok(Conn(
+            Follow::start(Source::Plain(c), response_timeout).await?,
+        )),
         Client::Sentinel(resolver) => {
-            let (addr, c) = resolver.primary().await?;
-            let f = Arc::new(Follow {
-                db: resolver.url.db,
-                resolver: resolver.clone(),
-                current: RwLock::new((addr, manager(&c, response_timeout).await?)),
-                refreshing: AtomicBool::new(false),
-                response_timeout,
-                watcher: std::sync::Mutex::new(None),
-            });
+            let f = Follow::start(Source::Sentinel(resolver.clone()), response_timeout).await?;
             let me = Arc::downgrade(&f);
             let task = tokio::spawn(async move {
                 resolver
-                    .watch(|| match me.upgrade() {
+                    .watch(|to| match me.upgrade() {
                         Some(f) => {
-                            f.refresh();
+                            f.switched(to);
                             true
                         }
                         None => false,
@@ -280,32 +195,13 @@ pub async fn shared_with_timeout(
                     .await
             });
             *f.watcher.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
-            Ok(Conn(Shared::Sentinel(f)))
+            Ok(Conn(f))
         }
     }
 }
 
 pub async fn shared(client: &(impl Into<Client> + Clone)) -> RedisResult<Conn> {
     shared_with_timeout(client, RESPONSE_TIMEOUT).await
-}
-
-/// A connection of its own for blocking commands. Its reply deadline sits well above the 2 s
-/// server-side timeout of our BRPOP/BLMOVE (redis-rs's 500 ms default would cut them off) but
-/// is bounded, so a half-open TCP connection cannot stop fetching forever while the heartbeat
-/// (on the shared connection) says the process is fine. As with Sidekiq's read timeout, a
-/// basic-fetch BRPOP given up on by the client can still pop on a paused server; with reliable
-/// fetch such a job waits in our working list and goes back to its queue at our next stop.
-/// Behind sentinels every call asks them for the current primary (the fetch loop reconnects
-/// after any error, so a failover costs it one error and one pause).
-pub async fn dedicated(client: &Client) -> RedisResult<MultiplexedConnection> {
-    let cfg = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(BLOCKING_RESPONSE_TIMEOUT));
-    let c = match client {
-        Client::Plain(c) => c.clone(),
-        Client::Sentinel(r) => r.primary().await?.1,
-    };
-    c.get_multiplexed_async_connection_with_config(&cfg).await
 }
 
 /// The oldest server playguard runs against: reliable fetch and the poller use `RPOP key

@@ -231,7 +231,13 @@ impl Resolver {
     /// The primary's `host:port` and a client for it, once `ROLE` there says "master".
     pub async fn primary(&self) -> RedisResult<(String, redis::Client)> {
         let (host, port) = self.ask().await?;
-        let url = self.url.server_url(&host, port);
+        self.primary_at(&host, port).await
+    }
+
+    /// `host:port` and a client for it, if `ROLE` there says "master" (the address a
+    /// `+switch-master` notice named, or one a sentinel gave).
+    pub async fn primary_at(&self, host: &str, port: u16) -> RedisResult<(String, redis::Client)> {
+        let url = self.url.server_url(host, port);
         let mut c = self.connect(&url).await?;
         let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut c).await?;
         let role = match role.first() {
@@ -247,14 +253,15 @@ impl Resolver {
             )));
         }
         Ok((
-            format!("{}:{port}", bracket(&host)),
+            format!("{}:{port}", bracket(host)),
             crate::connections::redis_client::plain_client(&url)?,
         ))
     }
 
     /// Subscribe to `+switch-master` on one sentinel after another; `notify` runs for every
-    /// notice about our master. Returns only if `notify` says to stop (its owner is gone).
-    pub async fn watch(&self, mut notify: impl FnMut() -> bool) {
+    /// notice about our master, with the new primary's address it names. Returns only if
+    /// `notify` says to stop (its owner is gone).
+    pub async fn watch(&self, mut notify: impl FnMut(Option<(String, u16)>) -> bool) {
         let mut backoff = Backoff::new();
         loop {
             for (host, port) in &self.url.sentinels {
@@ -275,9 +282,15 @@ impl Resolver {
                 let mut msgs = ps.on_message();
                 while let Some(msg) = msgs.next().await {
                     let text = String::from_utf8_lossy(msg.get_payload_bytes()).into_owned();
-                    if text.split(' ').next() == Some(self.url.master.as_str()) {
+                    // "<master> <old ip> <old port> <new ip> <new port>"
+                    let f: Vec<&str> = text.split(' ').collect();
+                    if f.first() == Some(&self.url.master.as_str()) {
                         tracing::warn!(notice = %text, "Redis Sentinel: +switch-master");
-                        if !notify() {
+                        let to = match (f.get(3), f.get(4).and_then(|p| p.parse().ok())) {
+                            (Some(h), Some(p)) => Some((h.to_string(), p)),
+                            _ => None,
+                        };
+                        if !notify(to) {
                             return;
                         }
                     }

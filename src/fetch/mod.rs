@@ -8,6 +8,7 @@
 
 mod acks;
 mod basic;
+pub mod recent;
 mod reliable;
 pub mod unit_of_work;
 mod working_order;
@@ -61,6 +62,8 @@ pub struct FetchStrategy {
     /// Jobs stopped and meant to go back to their queues while Redis could not be reached:
     /// retried after every heartbeat that lands, so none stays in our working list for good.
     deferred_requeues: Mutex<Vec<(UnitOfWork, Option<Vec<u8>>)>>,
+    /// The jobs finished in the last seconds, re-applied on a new primary after a failover.
+    recent: recent::Recent,
 }
 
 impl FetchStrategy {
@@ -82,6 +85,7 @@ impl FetchStrategy {
             shutdown,
             state,
             deferred_requeues: Mutex::default(),
+            recent: recent::Recent::default(),
         }
     }
 
@@ -214,6 +218,7 @@ impl FetchStrategy {
 
     /// A job finished: acknowledge it (batched, off the job's path).
     pub fn acknowledge(&self, job: UnitOfWork) {
+        self.recent.finished(&job, None);
         if let Mode::Reliable(r) = &self.mode {
             r.acknowledge(job);
         }
@@ -247,7 +252,10 @@ impl FetchStrategy {
                     if let Mode::Reliable(r) = &self.mode {
                         r.gone(job);
                     }
-                    if !ours {
+                    if ours {
+                        let writes = pipe.cmd_iter().next().is_some();
+                        self.recent.finished(job, writes.then_some(pipe));
+                    } else {
                         tracing::warn!(queue = %job.queue,
                             "outcome not recorded: the job had left our working list (the orphan sweep returned it to its queue while our liveness lease lapsed), so it runs again there, once");
                     }
@@ -339,6 +347,21 @@ impl FetchStrategy {
         if let Mode::Reliable(r) = &self.mode {
             r.finish_acks().await;
         }
+    }
+
+    /// After a failover, before `conn` (the new primary) is used: re-apply what we finished in
+    /// the last seconds and list the `running` jobs (queue, payload) in our working lists
+    /// there (`recent.rs`), so neither runs again from a copy the old primary never passed on.
+    pub async fn reconcile<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        running: &[(std::sync::Arc<str>, std::sync::Arc<str>)],
+    ) -> redis::RedisResult<recent::Reconciled> {
+        let working = |q: &str| match &self.mode {
+            Mode::Reliable(r) => Some(r.working_key(q)),
+            Mode::Basic(_) => None,
+        };
+        self.recent.reconcile(conn, running, working).await
     }
 
     /// Everything fetched but not finished goes back to its queue (Sidekiq's bulk_requeue):

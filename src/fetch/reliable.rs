@@ -50,7 +50,7 @@ impl ReliableFetch {
         }
     }
 
-    fn working_key(&self, queue: &str) -> String {
+    pub fn working_key(&self, queue: &str) -> String {
         working_key(&self.identity, queue)
     }
 

@@ -255,7 +255,7 @@ async fn build(
     manifest_jobs::check_database_needs(config.database_url.as_deref(), &registry)
         .map_err(StartError::Config)?;
     let url = crate::connections::redact::url(&config.redis_url);
-    let (client, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
+    let (_, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
     let version = redis_version(&mut conn, &url).await?;
     // Behind sentinels, the start line names the primary they led us to.
     let version = match conn.primary() {
@@ -275,11 +275,12 @@ async fn build(
         config,
         registry,
         shutdown,
-        (client, conn),
+        conn,
         db,
         (identity, sentry, manifest_jobs::hooks(&manifest)),
         state,
     ));
+    reconcile_on_failover(&worker);
     if let Some(addr) = worker.config.metrics_addr {
         let probes = crate::metrics::server::Probes {
             metrics: worker.metrics.clone(),
@@ -297,16 +298,37 @@ async fn build(
     Ok((worker, manifest.periodic))
 }
 
+/// After a failover, before the new primary is used: our recent acks and outcomes again there,
+/// and our running jobs listed in our working lists there (`fetch/recent.rs`).
+fn reconcile_on_failover(worker: &Arc<Worker>) {
+    let me = Arc::downgrade(worker);
+    worker.conn.on_new_primary(Arc::new(move |mut m| {
+        let me = me.clone();
+        Box::pin(async move {
+            let Some(w) = me.upgrade() else { return };
+            let running: Vec<_> = w
+                .slots
+                .snapshot()
+                .into_iter()
+                .map(|(_, e)| (e.queue, e.payload))
+                .collect();
+            match w.fetch.reconcile(&mut m, &running).await {
+                Ok(r) => tracing::warn!(finished = r.finished, running = r.running, unqueued = r.unqueued,
+                    "failover: re-applied on the new primary what this process did in its last seconds"),
+                Err(e) => tracing::warn!(error = %e,
+                    "failover: could not re-apply our last seconds on the new primary; jobs may run twice"),
+            }
+        })
+    }));
+}
+
 /// The worker's shared state: its fetch strategy, liveness lease (only a fetch with orphan
 /// recovery needs a lease to stop before), metrics and slot table.
 fn new_worker(
     config: Config,
     registry: Registry,
     shutdown: Shutdown,
-    (client, conn): (
-        crate::connections::redis_conn::Client,
-        crate::connections::redis_conn::Conn,
-    ),
+    conn: crate::connections::redis_conn::Conn,
     db: Option<crate::connections::db::Db>,
     (identity, sentry, hooks): (
         String,
@@ -339,7 +361,6 @@ fn new_worker(
     let worker = Worker {
         reporter,
         locks_record,
-        client,
         conn,
         db,
         identity,

@@ -1,7 +1,8 @@
 //! The idle waits: each blocking pop (BLMOVE or BRPOP, see `fetch/`) runs on a connection
-//! of its own, one command at a time, and is never dropped mid-flight: to stop waiting we send
-//! `CLIENT UNBLOCK <id>` from the shared connection, so a pop that already happened is always
-//! delivered and handled. A blocker pops only when armed, so it never takes more work than the
+//! of its own, one command at a time, and is never dropped mid-flight while its server is in
+//! use: to stop waiting we send `CLIENT UNBLOCK <id>` from the shared connection, so a pop that
+//! already happened is always delivered and handled (a pop on a server left in a failover is
+//! abandoned, see `pop`). A blocker pops only when armed, so it never takes more work than the
 //! fetch loop asked for. Keys: those of the pops (`queue:<q>`, our working lists).
 
 use crate::fetch::unit_of_work::UnitOfWork;
@@ -55,19 +56,20 @@ impl Blocker {
     }
 }
 
-/// A dedicated connection for one blocker, its client id noted for `CLIENT UNBLOCK`.
+/// A dedicated connection for one blocker, its client id noted for `CLIENT UNBLOCK`, with the
+/// generation of the server it reaches (`connections/follow.rs`).
 async fn connect(
     worker: &Worker,
     client_id: &AtomicI64,
-) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-    let mut c = crate::connections::redis_conn::dedicated(&worker.client).await?;
+) -> redis::RedisResult<(u64, redis::aio::MultiplexedConnection)> {
+    let (generation, mut c) = worker.conn.dedicated().await?;
     let id: i64 = redis::cmd("CLIENT")
         .arg("ID")
         .query_async(&mut c)
         .await
         .unwrap_or(-1);
     client_id.store(id, Ordering::SeqCst);
-    Ok(c)
+    Ok((generation, c))
 }
 
 /// Start blocker `index`, waiting on `wait` each time it is armed.
@@ -85,7 +87,8 @@ pub fn spawn(
     };
     let (arm, client_id) = (b.arm.clone(), b.client_id.clone());
     let task = async move {
-        let mut conn: Option<redis::aio::MultiplexedConnection> = None;
+        // The connection, and the generation of the server it reaches (`connections/follow.rs`).
+        let mut conn: Option<(u64, redis::aio::MultiplexedConnection)> = None;
         let send = |job, failed| {
             let _ = tx.send(Delivery {
                 from: index,
@@ -112,23 +115,28 @@ pub fn spawn(
                     }
                 }
             }
-            let c = conn.as_mut().expect("connected above");
-            let epoch = worker.liveness.epoch();
-            let order = worker.config.queues.order();
-            if worker.fetch.wait_skipped(&wait, &order) {
+            let (generation, c) = conn.as_mut().expect("connected above");
+            let generation = *generation;
+            if worker
+                .fetch
+                .wait_skipped(&wait, &worker.config.queues.order())
+            {
                 // A key of the wrong type would answer WRONGTYPE at once, every time: idle
                 // for as long as a pop would have waited (the heartbeat sees it fixed).
                 tokio::time::sleep(Duration::from_secs_f64(BLOCK_TIMEOUT_SECS)).await;
                 send(None, false);
                 continue;
             }
-            let cmd = worker.fetch.wait_cmd(&wait, &order, BLOCK_TIMEOUT_SECS);
-            let res = match cmd.query_async::<redis::Value>(c).await {
-                Ok(v) => worker.fetch.delivered(&wait, v, epoch),
-                Err(e) => Err(e),
-            };
-            match res {
+            match pop(&worker, &wait, generation, c).await {
                 Ok(job) => send(job, false),
+                // The server was left (a failover): the next connection waits for the new
+                // primary itself, so no pause is added to the switch.
+                Err(e) if worker.conn.generation() != generation => {
+                    tracing::warn!(error = %e, "fetch: the server was left; reconnecting");
+                    conn = None;
+                    client_id.store(-1, Ordering::SeqCst);
+                    send(None, true);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                     conn = None;
@@ -144,6 +152,31 @@ pub fn spawn(
         crate::logging::root().clone(),
     ));
     b
+}
+
+/// One blocking pop on `c`, a connection to the server of `generation`. A server left (a
+/// failover) is left by the pop too: it is abandoned, as what it pops there may never reach
+/// the new primary; the error makes the caller report a failed delivery, so the fetch loop
+/// looks in our working list for a job it may have moved.
+async fn pop(
+    worker: &Worker,
+    wait: &Wait,
+    generation: u64,
+    c: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<Option<UnitOfWork>> {
+    let epoch = worker.liveness.epoch();
+    let order = worker.config.queues.order();
+    let cmd = worker.fetch.wait_cmd(wait, &order, BLOCK_TIMEOUT_SECS);
+    tokio::select! {
+        r = cmd.query_async::<redis::Value>(c) => match r {
+            Ok(v) => worker.fetch.delivered(wait, v, epoch),
+            Err(e) => Err(worker.conn.suspect(generation, e)),
+        },
+        _ = worker.conn.left(generation) => Err(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "the server was left (failover); pop abandoned",
+        ))),
+    }
 }
 
 /// Ask Redis to end the blocked pops now (they return nil, or the job they already moved).

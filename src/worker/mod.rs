@@ -15,7 +15,6 @@ use crate::worker::config::Config;
 use std::sync::Arc;
 
 pub struct Worker {
-    pub client: crate::connections::redis_conn::Client,
     pub conn: Conn,
     pub identity: String,
     pub config: Config,

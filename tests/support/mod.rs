@@ -1,8 +1,8 @@
 //! Test support: every test owns its redis-server (free loopback port, no persistence) and,
 //! when it needs one, its PostgreSQL cluster (initdb in a temp dir), each stopped by PID on
 //! drop, plus helpers to run the real binary and the real Ruby Sidekiq. Touches only the
-//! servers it started. One file per server or concern, all re-exported here so a test file's
-//! `use support::*` sees them all; this file keeps the process basics they share (free ports,
+//! servers it started (and a TCP proxy of its own, `proxy.rs`). One file per server or
+//! concern, all re-exported here so a test file's `use support::*` sees them all; this file keeps the process basics they share (free ports,
 //! signals by PID, waiting on a condition with a deadline, a finished command's output, where
 //! the binary and the repository are).
 // Each test file uses some of it: the rest is unused there, and its re-export too.
@@ -12,6 +12,7 @@ mod http;
 mod jobs;
 mod lines;
 mod postgres;
+mod proxy;
 mod redis;
 mod ruby;
 mod sentinel;
@@ -23,6 +24,7 @@ pub use self::http::*;
 pub use self::jobs::*;
 pub use self::lines::*;
 pub use self::postgres::*;
+pub use self::proxy::*;
 pub use self::redis::*;
 pub use self::ruby::*;
 pub use self::sentinel::*;

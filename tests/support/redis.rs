@@ -1,10 +1,21 @@
-//! The redis-server a test starts and stops: a free loopback port, no persistence, stopped by
-//! PID on drop (also paused, resumed, restarted on its port, or shut down NOSAVE and restarted),
-//! and the few reads many tests make of it (LLEN, ZCARD, LRANGE).
+//! The redis-server (or valkey-server, see `server_binary`) a test starts and stops: a free
+//! loopback port, no persistence, stopped by PID on drop (also paused, resumed, restarted on its
+//! port, or shut down NOSAVE and restarted), and the few reads many tests make of it (LLEN,
+//! ZCARD, LRANGE).
 
 use super::{free_port, reap_within, signal};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The server a test starts: `redis-<kind>` (kind "server" or "sentinel"), or `valkey-<kind>`
+/// when `PLAYGUARD_TEST_SERVER=valkey` (as `.ci/run`'s Valkey leg sets).
+pub fn server_binary(kind: &str) -> String {
+    match std::env::var("PLAYGUARD_TEST_SERVER").as_deref() {
+        Ok("valkey") => format!("valkey-{kind}"),
+        Ok("redis") | Err(_) => format!("redis-{kind}"),
+        Ok(other) => panic!("PLAYGUARD_TEST_SERVER={other}: expected redis or valkey"),
+    }
+}
 
 /// A redis-server this test started and will stop.
 pub struct RedisServer {
@@ -30,7 +41,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary("server"))
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -47,7 +58,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-server must be installed (apt-get install redis-server)");
+            .unwrap_or_else(|e| panic!("{} must be installed: {e}", server_binary("server")));
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -1,5 +1,6 @@
-//! The redis-sentinel a test starts (its config file in its own temp dir) to watch a primary it
-//! also started, stopped by PID on drop.
+//! The redis-sentinel (or valkey-sentinel, see `server_binary` in `redis.rs`) a test starts
+//! (its config file in its own temp dir) to watch a primary it also started, stopped by PID on
+//! drop.
 
 use super::{free_port, wait_until};
 use std::process::{Child, Command, Stdio};
@@ -46,12 +47,17 @@ impl SentinelServer {
             ),
         )
         .unwrap();
-        let child = Command::new("redis-sentinel")
+        let child = Command::new(super::server_binary("sentinel"))
             .arg(&conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("redis-sentinel must be installed (apt-get install redis-sentinel)");
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{} must be installed: {e}",
+                    super::server_binary("sentinel")
+                )
+            });
         let s = SentinelServer {
             port,
             child,
