@@ -1,4 +1,6 @@
-//! A job interrupted by shutdown goes back to its queue with a count in its payload,
+//! A job the shutdown deadline interrupted (it was still running when `-t` ran out; one that
+//! stopped in time, as a cycle at a phase boundary does, is requeued uncounted by
+//! `manager/processor.rs`) goes back to its queue with a count in its payload,
 //! `interrupted_count` (the key gitlab-sidekiq-fetcher uses); one interrupted more than the
 //! limit (default 3) is not requeued again but goes to `dead` as `Playguard::Interrupted`
 //! (dropped under `dead: false`), so a job that always outlives `-t` stops coming back on every

@@ -347,6 +347,15 @@ fn settle<'a>(
                     async move { worker.fetch.requeue_logged(&f).await },
                 ));
             }
+            // Only a run the shutdown deadline cut short outlived -t; one that stopped in time
+            // (a cycle at its phase boundary) goes back uncounted, so a rolling restart of more
+            // processes than the limit cannot send it to dead.
+            if !worker.shutdown.past_deadline() {
+                tracing::info!(elapsed_ms = ms, "stopped in time by shutdown: requeued");
+                return Some(Box::pin(
+                    async move { worker.fetch.requeue_logged(&f).await },
+                ));
+            }
             Some(interrupted(worker, f, job, ms))
         }
     }
