@@ -261,6 +261,9 @@ leftover() {
 for _ in $(seq 1 50); do [ "$(leftover)" = 0 ] && break; sleep 0.1; done
 left_procs=$(leftover)
 retry_n=$(rcli ZCARD retry); dead_n=$(rcli ZCARD dead)
+# Why each dead job died, so a dead count can be read without the logs.
+dead_why=$(rcli ZRANGE dead 0 -1 | grep -oE '"error_class":"[^"]*"' | cut -d'"' -f4 \
+  | sort | uniq -c | awk '{printf " %s x%s", $2, $1}' || true)
 stop_redis; redis_pid=""
 # Jobs that ended without (all) their phases by design: skipped beside a live holder, or
 # aborted because the lock was lost (the seed's rule: stop and wait for the next tick).
@@ -269,7 +272,7 @@ grep -hoE 'jid=[0-9a-f]*.*(already locked|aborted: lock lost)' "$logs"/w*.log \
 
 echo "faults injected: $faults (worker SIGKILL $f_kill, worker SIGSTOP $f_stop, Redis pause $f_rpause, Redis restart $f_rrestart, rolling TERM $f_rolling)"
 echo "worker RSS KB at start:$rss_start; at end:$rss_end"
-echo "left in Redis (queue, schedule, retry, working lists): $left_in_redis; retry: $retry_n; dead: $dead_n"
+echo "left in Redis (queue, schedule, retry, working lists): $left_in_redis; retry: $retry_n; dead: $dead_n${dead_why:+ (}${dead_why# }${dead_why:+)}"
 echo "processes left behind: $left_procs"
 echo "workers that exited by themselves: $w_exited (must be 0)"
 status=0
