@@ -372,6 +372,10 @@ fn a_redis_outage_neither_loses_nor_doubles_a_claimed_tick() {
                 .start()
         })
         .collect();
+    // Both started before the outage: one still connecting when Redis pauses fails its start.
+    for w in &workers {
+        w.wait_for_line("playguard starting", Duration::from_secs(20));
+    }
     wait_until("a first tick dispatched", Duration::from_secs(20), || {
         !fingerprints(&redis, "dispatch").is_empty()
     });
