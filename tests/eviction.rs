@@ -2,8 +2,9 @@
 //! `maxmemory-policy` other than noeviction stops the start (exit 2, one line naming the
 //! policy and the fix) unless `--allow-eviction`; with it, and with basic fetch, a WARN at
 //! start and whenever the policy changes, a gauge and /health detail. And whatever the cause
-//! (eviction, FLUSHALL, a failover to a lagging replica), an alive key that vanished is a
-//! lapsed lease at the next beat: the running copy stops, so it cannot run beside the copy
+//! (eviction, a flush by an operator, a failover to a lagging replica), an alive key that
+//! vanished is a lapsed lease at the next beat (the test DELs it on its own server): the
+//! running copy stops, so it cannot run beside the copy
 //! another worker recovered for longer than about one beat (the overlap is printed).
 //! Each test owns its redis-server; waits are conditions with deadlines, never timings.
 
