@@ -31,6 +31,11 @@ const MAX_BRPOP_CONNECTIONS: usize = 64;
 /// Jobs are short while their recent mean run time is under this; only then does the loop
 /// fetch the next batch while the current one runs (see `Pace`).
 const SHORT_JOB_MICROS: u64 = 2_000;
+/// Jobs are cheap while their recent mean run time is under this: only then does the loop run
+/// them itself (`run_or_spawn`). Over it, a task each costs little beside the job, and lets a
+/// handler that burns CPU run on every core instead of one job after another on the loop's
+/// thread. A no-op job's whole run takes a few microseconds.
+const INLINE_JOB_MICROS: u64 = 50;
 
 /// The recent mean run time of this process's jobs (an exponential average over about the
 /// last 16), starting at one second: a process assumes long jobs until it has seen short ones.
@@ -54,6 +59,10 @@ impl Pace {
     fn short(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::Relaxed) < SHORT_JOB_MICROS
     }
+
+    fn cheap(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) < INLINE_JOB_MICROS
+    }
 }
 
 /// How many jobs a process may hold fetched beyond its slots, while jobs are short: one more
@@ -64,18 +73,25 @@ fn fetch_ahead(concurrency: usize) -> usize {
     concurrency
 }
 
-/// Run a job's future here as far as it goes without waiting, and give it a task of its own
-/// only if it waits. Most jobs end at their first poll (a Rust handler with nothing to await),
-/// and a task per job (its allocation, its scheduling, the other thread woken to steal it)
-/// cost more than such a job itself. One that waits is spawned: tokio polls it again with
-/// its own waker, so the wake this poll registered for the loop is only a spurious one. A
-/// panic is contained as a task's would be: the future is dropped and the loop goes on (with
-/// reliable fetch the job stays in our working list, drained back to its queue at our stop).
-/// Runs under the loop's root span; the job's own context is its log scope (`logging/scope.rs`).
+/// While recent jobs are cheap (`inline`), run a job's future here as far as it goes without
+/// waiting, and give it a task of its own only if it waits. Most such jobs end at their first
+/// poll (a Rust handler with nothing to await), and a task per job (its allocation, its
+/// scheduling, the other thread woken to steal it) cost more than such a job itself. One that
+/// waits is spawned: tokio polls it again with its own waker, so the wake this poll registered
+/// for the loop is only a spurious one. A panic is contained as a task's would be: the future
+/// is dropped and the loop goes on (with reliable fetch the job stays in our working list,
+/// drained back to its queue at our stop). Jobs that are not cheap are spawned at once, so
+/// their CPU work spreads over tokio's threads. Runs under the loop's root span; the job's own
+/// context is its log scope (`logging/scope.rs`).
 async fn run_or_spawn(
     mut run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>,
+    inline: bool,
 ) {
     use std::task::Poll;
+    if !inline {
+        spawn_run(run);
+        return;
+    }
     let first = std::future::poll_fn(|cx| {
         Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
             || run.as_mut().poll(cx),
@@ -85,16 +101,20 @@ async fn run_or_spawn(
     match first {
         Ok(Poll::Ready(())) => {}
         // Under the root span, as this loop runs (a task does not inherit it).
-        Ok(Poll::Pending) => {
-            tokio::spawn(tracing::Instrument::instrument(
-                run,
-                crate::logging::root().clone(),
-            ));
-        }
+        Ok(Poll::Pending) => spawn_run(run),
         Err(_) => tracing::error!(
             "a job's run panicked outside its handler: dropped (reliable fetch keeps the job in the working list until this process stops)"
         ),
     }
+}
+
+/// A job's run on a task of its own, under the root span as this loop runs (a task does not
+/// inherit it). A panic ends only the task.
+fn spawn_run(run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>) {
+    tokio::spawn(tracing::Instrument::instrument(
+        run,
+        crate::logging::root().clone(),
+    ));
 }
 
 /// Quiet came while the loop held jobs it had not started.
@@ -192,7 +212,7 @@ impl FetchLoop {
                 drop(slot);
                 drop(credit);
             });
-            run_or_spawn(run).await;
+            run_or_spawn(run, self.pace.cheap()).await;
         }
         Ok(())
     }
