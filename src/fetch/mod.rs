@@ -17,6 +17,7 @@ pub use working_order::working_key;
 
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
+use crate::job::next_due::NextDue;
 use crate::job::retry::Record;
 use crate::process::redis_state::RedisState;
 use crate::process::shutdown::Shutdown;
@@ -64,6 +65,8 @@ pub struct FetchStrategy {
     deferred_requeues: Mutex<Vec<(UnitOfWork, Option<Vec<u8>>)>>,
     /// The jobs finished in the last seconds, re-applied on a new primary after a failover.
     recent: recent::Recent,
+    /// Told of each retry written, so the scheduled poller wakes at its score.
+    next_due: Arc<NextDue>,
 }
 
 impl FetchStrategy {
@@ -72,6 +75,7 @@ impl FetchStrategy {
         identity: &str,
         (conn, state): (Conn, Arc<RedisState>),
         shutdown: Shutdown,
+        next_due: Arc<NextDue>,
     ) -> FetchStrategy {
         let mode = match kind {
             FetchMode::Reliable => {
@@ -86,6 +90,7 @@ impl FetchStrategy {
             state,
             deferred_requeues: Mutex::default(),
             recent: recent::Recent::default(),
+            next_due,
         }
     }
 
@@ -253,6 +258,9 @@ impl FetchStrategy {
                         r.gone(job);
                     }
                     if ours {
+                        if let Record::Retry { at, .. } = record {
+                            self.next_due.note(at);
+                        }
                         let writes = pipe.cmd_iter().next().is_some();
                         self.recent.finished(job, writes.then_some(pipe));
                     } else {

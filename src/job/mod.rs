@@ -1,12 +1,14 @@
 //! The job: what a popped payload is (Sidekiq's JSON rules), which queue it lives in, the
 //! handlers a class runs, how a failure is retried or sent to dead (Sidekiq's job_retry.rb),
-//! and the push that puts a new job on its queue (Sidekiq::Client). Keys: `queue:<q>`,
+//! the push that puts a new job on its queue (Sidekiq::Client), and when the scheduled poller
+//! next wakes (`next_due.rs`). Keys: `queue:<q>`,
 //! `queues`, `retry`, `schedule`, `dead`.
 
 pub mod client;
 pub mod error_class;
 pub mod handler;
 pub mod interrupted;
+pub mod next_due;
 pub mod options;
 pub mod payload;
 pub mod queues;

@@ -340,11 +340,13 @@ fn new_worker(
     let mut metrics = crate::metrics::prometheus::Metrics::default();
     metrics.redis = redis_state;
     let metrics = Arc::new(metrics);
+    let next_due = Arc::new(crate::job::next_due::NextDue::default());
     let fetch = crate::fetch::FetchStrategy::new(
         config.fetch,
         &identity,
         (conn.clone(), metrics.redis.clone()),
         shutdown.clone(),
+        next_due.clone(),
     );
     let liveness = if fetch.recovers_orphans() {
         crate::process::liveness::Liveness::new()
@@ -359,6 +361,7 @@ fn new_worker(
         metrics.clone(),
     ));
     let worker = Worker {
+        next_due,
         reporter,
         locks_record,
         conn,

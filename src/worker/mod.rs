@@ -33,6 +33,8 @@ pub struct Worker {
     pub locks_record: Option<Arc<str>>,
     /// Where failure reports go: Sentry and the manifest's hooks (`report/`).
     pub reporter: Arc<crate::report::FailureReporter>,
+    /// When the scheduled poller next wakes; lowered by this process's own retries.
+    pub next_due: Arc<crate::job::next_due::NextDue>,
 }
 
 impl Worker {
