@@ -282,6 +282,84 @@ fn class_labels_are_bounded() {
     );
 }
 
+/// Every label value in a scrape (the test's names hold no quotes or commas).
+fn label_values(m: &BTreeMap<String, f64>, label: &str) -> std::collections::BTreeSet<String> {
+    let open = format!("{label}=\"");
+    m.keys()
+        .filter_map(|k| k.split(open.as_str()).nth(1))
+        .map(|r| r.split('"').next().unwrap().to_string())
+        .collect()
+}
+
+/// Label values from outside are cut to 100 bytes: a 10,000-byte class name, 150 distinct
+/// 2,000-byte names sharing one prefix (their cut labels stay apart, and past 100 distinct
+/// ones the rest still fold into `class="other"`), and a 300-byte queue name.
+#[test]
+fn label_values_are_capped_in_length() {
+    let redis = RedisServer::start();
+    let p = project();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let long_queue = format!("q{}", "u".repeat(300));
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--metrics-addr", &addr, "-q", &long_queue, "-q", "default"])
+        .start();
+    let at = now().to_string();
+    push(&redis, &"H".repeat(10_000), "default", "false", &at);
+    let prefix = "L".repeat(2_000);
+    for i in 0..150 {
+        push(&redis, &format!("{prefix}{i}"), "default", "false", &at);
+    }
+    push(&redis, "OkJob", &long_queue, "false", &at);
+    let processed = |m: &BTreeMap<String, f64>| -> f64 {
+        m.iter()
+            .filter(|(k, _)| k.starts_with("playguard_jobs_processed_total{"))
+            .map(|(_, v)| v)
+            .sum()
+    };
+    wait_until("all 152 jobs ran", Duration::from_secs(60), || {
+        http_get(port, "/health").is_some() && processed(&scrape(port)) == 152.0
+    });
+    let m = scrape(port);
+    let classes = label_values(&m, "class");
+    let queues = label_values(&m, "queue");
+    for v in classes.iter().chain(&queues) {
+        assert!(
+            v.len() <= 100,
+            "a label of {} bytes: {}...",
+            v.len(),
+            &v[..100]
+        );
+    }
+    // 100 distinct unknown names kept apart (the 10,000-byte one among them, or in other),
+    // then "other", and the class this worker runs.
+    let cut = classes
+        .iter()
+        .filter(|c| c.starts_with("LLLL") || c.starts_with("HHHH"));
+    assert_eq!(cut.count(), 100, "{classes:?}");
+    assert!(
+        classes.contains("other") && classes.contains("OkJob"),
+        "{classes:?}"
+    );
+    assert_eq!(classes.len(), 102, "{classes:?}");
+    let q = queues
+        .iter()
+        .find(|q| q.starts_with("quuu"))
+        .expect("the long queue's label");
+    assert_ne!(q, &long_queue);
+    assert_eq!(
+        m.iter()
+            .filter(|(k, _)| k.starts_with("playguard_jobs_processed_total{class=\"OkJob\""))
+            .map(|(k, v)| (
+                label_values(&BTreeMap::from([(k.clone(), *v)]), "queue"),
+                *v
+            ))
+            .collect::<Vec<_>>(),
+        [(std::collections::BTreeSet::from([q.clone()]), 1.0)]
+    );
+}
+
 /// 64 connections that send nothing take every slot: the next one is closed at once, not
 /// served; once they go, the endpoint serves again. A client that never finishes its request
 /// is dropped.

@@ -6,6 +6,7 @@
 //! Callers hand in plain labels ([`JobEnd`], [`JobFate`]), so this module needs neither the
 //! handler's `Outcome` nor the retry `Decision`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -17,6 +18,10 @@ use std::sync::{Mutex, OnceLock, Weak};
 const MAX_CLASS_LABELS: usize = 100;
 /// The label every class past MAX_CLASS_LABELS shares.
 const OTHER_CLASS: &str = "other";
+/// Longest label value, in bytes. Values come from payloads (class, display_class) or the
+/// command line (queues): a longer one is cut (see `capped`), so a 10,000-byte class name
+/// costs neither memory nor scrape size.
+pub const MAX_LABEL_BYTES: usize = 100;
 
 /// Upper bounds (seconds) of the duration histograms.
 const BUCKETS: [f64; 12] = [
@@ -80,18 +85,17 @@ pub struct Metrics {
     slots: OnceLock<Weak<crate::process::slots::SlotTable>>,
     /// Classes this worker runs (set once at start): always a label of their own.
     known_classes: OnceLock<std::collections::HashSet<String>>,
-    /// Other class names seen in payloads, up to MAX_CLASS_LABELS.
+    /// Labels of other class names seen in payloads (cut), up to MAX_CLASS_LABELS.
     other_classes: Mutex<std::collections::HashSet<String>>,
-    /// The per-job families, by queue then payload class: bumped in place, no allocation once
-    /// a (queue, class) was seen; folded into the labelled families when rendered.
+    /// The per-job families, by queue then class label (see `class_label`): bumped in place,
+    /// no allocation once a (queue, class) was seen; folded into the labelled families when
+    /// rendered. Keyed by label, not by the payload's name, so it is bounded as labels are.
     jobs: Mutex<crate::FastMap<String, crate::FastMap<String, JobSeries>>>,
 }
 
-/// What the job families hold for one (queue, payload class).
+/// What the job families hold for one (queue, class label).
 #[derive(Default)]
 struct JobSeries {
-    /// The class label (bounded, see `class_label`), worked out once.
-    label: String,
     processed: u64,
     failed: u64,
     requeued: u64,
@@ -179,7 +183,8 @@ impl Metrics {
         self.add(name, labels, 1);
     }
 
-    pub fn add(&self, name: &'static str, labels: Labels, n: u64) {
+    pub fn add(&self, name: &'static str, mut labels: Labels, n: u64) {
+        cap_values(&mut labels);
         *self
             .counters
             .lock()
@@ -188,7 +193,8 @@ impl Metrics {
             .or_default() += n;
     }
 
-    pub fn observe(&self, name: &'static str, labels: Labels, secs: f64) {
+    pub fn observe(&self, name: &'static str, mut labels: Labels, secs: f64) {
+        cap_values(&mut labels);
         self.histograms
             .lock()
             .unwrap()
@@ -202,19 +208,21 @@ impl Metrics {
         let _ = self.known_classes.set(classes.into_iter().collect());
     }
 
-    /// The label for a class name from a payload: itself while fewer than MAX_CLASS_LABELS
-    /// unknown names have been seen, else "other".
+    /// The label for a class name from a payload (cut, see `capped`): a class this worker
+    /// runs always gets its own; another while fewer than MAX_CLASS_LABELS such labels have
+    /// been seen, else "other".
     fn class_label(&self, class: &str) -> String {
+        let label = capped(class);
         if self.known_classes.get().is_some_and(|k| k.contains(class)) {
-            return class.to_string();
+            return label.into_owned();
         }
         let mut seen = self.other_classes.lock().unwrap();
-        if seen.contains(class) {
-            return class.to_string();
+        if seen.contains(label.as_ref()) {
+            return label.into_owned();
         }
         if seen.len() < MAX_CLASS_LABELS {
-            seen.insert(class.to_string());
-            return class.to_string();
+            seen.insert(label.to_string());
+            return label.into_owned();
         }
         OTHER_CLASS.to_string()
     }
@@ -225,14 +233,14 @@ impl Metrics {
         if let Some(s) = jobs.get_mut(queue).and_then(|q| q.get_mut(class)) {
             return bump(s);
         }
-        let mut series = JobSeries {
-            label: self.class_label(class),
-            ..JobSeries::default()
+        // A name that is not its own label (cut, or past the cap) looks its label up each
+        // time: its series is the label's, shared.
+        let label = self.class_label(class);
+        let classes = match jobs.get_mut(queue) {
+            Some(c) => c,
+            None => jobs.entry(queue.to_string()).or_default(),
         };
-        bump(&mut series);
-        jobs.entry(queue.to_string())
-            .or_default()
-            .insert(class.to_string(), series);
+        bump(classes.entry(label).or_default());
     }
 
     /// A run ended: counted as processed (and failed or requeued), its duration observed.
@@ -265,8 +273,9 @@ impl Metrics {
         histograms: &mut BTreeMap<(&'static str, Labels), Histogram>,
     ) {
         for (queue, classes) in self.jobs.lock().unwrap().iter() {
-            for s in classes.values() {
-                let labels = || vec![("class", s.label.clone()), ("queue", queue.clone())];
+            let queue = capped(queue);
+            for (class, s) in classes {
+                let labels = || vec![("class", class.clone()), ("queue", queue.to_string())];
                 for (name, n) in [
                     ("playguard_jobs_processed_total", s.processed),
                     ("playguard_jobs_failed_total", s.failed),
@@ -302,17 +311,24 @@ impl Metrics {
     }
 
     /// `event` is what the cycle engine saw: acquired, skipped (held by another) or lost.
+    /// (The class is the one shown, display_class maybe: bounded as the job families'.)
     pub fn lock_event(&self, class: &str, event: &'static str) {
         self.inc(
             "playguard_lock_events_total",
-            vec![("class", class.to_string()), ("event", event.to_string())],
+            vec![
+                ("class", self.class_label(class)),
+                ("event", event.to_string()),
+            ],
         );
     }
 
     pub fn phase_finished(&self, class: &str, phase: &str, secs: f64) {
         self.observe(
             "playguard_phase_duration_seconds",
-            vec![("class", class.to_string()), ("phase", phase.to_string())],
+            vec![
+                ("class", self.class_label(class)),
+                ("phase", phase.to_string()),
+            ],
             secs,
         );
     }
@@ -368,7 +384,7 @@ impl Metrics {
     /// The queue latency family's samples, one per queue the heartbeat measured.
     fn write_latencies(&self, out: &mut String, fname: &str) {
         for (q, s) in self.latency.lock().unwrap().iter() {
-            let _ = writeln!(out, "{fname}{{queue=\"{}\"}} {s}", escape(q));
+            let _ = writeln!(out, "{fname}{{queue=\"{}\"}} {s}", escape(&capped(q)));
         }
     }
 
@@ -464,6 +480,33 @@ fn write_samples(
     }
 }
 
+/// `s` if it fits MAX_LABEL_BYTES; else its head, cut at a char boundary, then "…" and a hash
+/// of the whole (FNV-1a, the same in every process), so two long names with one head stay
+/// two labels and a dashboard sees where a name was cut.
+fn capped(s: &str) -> Cow<'_, str> {
+    if s.len() <= MAX_LABEL_BYTES {
+        return Cow::Borrowed(s);
+    }
+    let hash = s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let suffix = format!("…{hash:016x}");
+    let mut end = MAX_LABEL_BYTES - suffix.len();
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}{suffix}", &s[..end]))
+}
+
+/// Cut every label value that is too long (see `capped`).
+fn cap_values(labels: &mut Labels) {
+    for (_, v) in labels.iter_mut() {
+        if v.len() > MAX_LABEL_BYTES {
+            *v = capped(v).into_owned();
+        }
+    }
+}
+
 pub fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -510,5 +553,66 @@ mod tests {
             "playguard_job_duration_seconds_bucket{class=\"A\",queue=\"default\",le=\"0.025\"} 1\n"
         ));
         assert!(text.contains("playguard_busy_slots 0\n"));
+    }
+
+    /// Distinct class names from payloads (display_class can be anything) keep one series
+    /// per label, not one per raw name: past MAX_CLASS_LABELS they share "other".
+    #[test]
+    fn job_series_are_kept_per_label_not_per_raw_class() {
+        let m = Metrics::default();
+        for i in 0..10_000 {
+            m.job_finished(&format!("Class{i}"), "q", JobEnd::Done, 0.001);
+        }
+        let series = m.jobs.lock().unwrap().get("q").map_or(0, |c| c.len());
+        assert!(series <= MAX_CLASS_LABELS + 1, "{series} series");
+        let text = m.render();
+        let total: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("playguard_jobs_processed_total{"))
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+            .sum();
+        assert_eq!(total, 10_000);
+    }
+
+    /// A cycle's class label comes from its payload too (display_class): lock events and
+    /// phases are bounded in count and length like the job families.
+    #[test]
+    fn lock_and_phase_labels_are_bounded() {
+        let m = Metrics::default();
+        for i in 0..1_000 {
+            let class = format!("{}{i}", "C".repeat(5_000));
+            m.lock_event(&class, "acquired");
+            m.phase_finished(&class, "plan", 0.5);
+        }
+        let counters = m.counters.lock().unwrap();
+        let histograms = m.histograms.lock().unwrap();
+        assert!(counters.len() <= MAX_CLASS_LABELS + 1, "{}", counters.len());
+        assert!(
+            histograms.len() <= MAX_CLASS_LABELS + 1,
+            "{}",
+            histograms.len()
+        );
+        for (_, labels) in counters.keys().chain(histograms.keys()) {
+            for (_, v) in labels {
+                assert!(v.len() <= 100, "a label of {} bytes", v.len());
+            }
+        }
+        let acquired: u64 = counters.values().sum();
+        assert_eq!(acquired, 1_000);
+    }
+
+    #[test]
+    fn long_values_are_cut_at_a_char_boundary_and_stay_apart() {
+        assert_eq!(capped("OkJob"), "OkJob");
+        let fits = "x".repeat(MAX_LABEL_BYTES);
+        assert_eq!(capped(&fits), fits);
+        let a = capped(&"é".repeat(300)).into_owned();
+        let b = capped(&format!("{}!", "é".repeat(300))).into_owned();
+        for v in [&a, &b] {
+            assert!(v.len() <= MAX_LABEL_BYTES && v.starts_with("éé"), "{v}");
+            assert!(v.contains('…'), "{v}");
+        }
+        assert_ne!(a, b);
+        assert_eq!(capped(&"é".repeat(300)), a, "the same name, the same label");
     }
 }
