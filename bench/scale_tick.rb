@@ -83,5 +83,13 @@ def tick_curve
    '| members | boundary → all pushed, s | slowest Redis command, ms | its command | commands over 10 ms | Redis CPU in the tick, s | one job per member |',
    '|---:|---:|---:|---|---:|---:|---|',
    "| #{members} | #{format('%.2f', r[:secs])} | #{format('%.1f', r[:worst_ms])} | #{r[:worst_cmd]} | #{r[:over10]} | " \
-   "#{format('%.2f', r[:redis_s])} | #{r[:once] ? 'yes' : 'no'} |", '']
+   "#{format('%.2f', r[:redis_s])} | #{r[:once] ? 'yes' : 'no'} |", ''] + outlasted(r, every)
+end
+
+# A tick longer than its period overlaps the next one, whose jobs then count toward this one.
+def outlasted(r, every)
+  return [] if r[:secs] < every
+  warn "   the tick outlasted its period (every_secs = #{every}): run again with a larger TICK_EVERY"
+  ["The tick outlasted its period (#{format('%.1f', r[:secs])} s against every_secs = #{every}), so the " \
+   'next tick overlapped it: run again with a larger TICK_EVERY.', '']
 end
