@@ -77,7 +77,7 @@ def tick_curve
   warn format('   boundary → %d jobs pushed: %.2f s; slowest Redis command %.1f ms (%s); %d over 10 ms; one job per member: %s',
               members, r[:secs], r[:worst_ms], r[:worst_cmd], r[:over10], r[:once] ? 'yes' : 'NO')
   ["One periodic tick over a set of #{members} members with 4 playguard processes (`every_secs = #{every}`; " \
-   'the set filled after the processes started, just after a boundary; SLOWLOG reset before the measured ' \
+   'the set filled after the processes started, 2 s after a boundary; SLOWLOG reset before the measured ' \
    'boundary, every command over 1 ms kept). Ruby Sidekiq has no equivalent: sidekiq-cron enqueues one job ' \
    'per cron entry and does not fan out over a set.', '',
    '| members | boundary → all pushed, s | slowest Redis command, ms | its command | commands over 10 ms | Redis CPU in the tick, s | one job per member |',
