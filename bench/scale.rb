@@ -1,6 +1,8 @@
 # Driver for bench/scale.sh: does a cost per job (or per tick) stay flat as the fleet and its
 # data grow? Each curve measures the same thing at two sizes against the private redis-server
-# scale.sh started, and prints both and their ratio. CPU figures are CPU time (worker: user +
+# scale.sh started, and prints both and their ratio. Two more are measured once, in tables of
+# their own: scheduled-job lateness beside Ruby Sidekiq (scale_lateness.rb) and the 1,000,000-
+# member periodic tick (scale_tick.rb). CPU figures are CPU time (worker: user +
 # system of the process and its reaped children, from /proc; Redis: used_cpu_sys + user), so
 # they move less with machine load than wall-clock rates do. Every wait has a deadline.
 require_relative 'common'
@@ -369,7 +371,19 @@ if want.('reconcile')
   end
 end
 
-lines = ['| curve | cost | size A | at A | size B | at B | B ÷ A | per-unit cost grows ≤ 20% |', '|---|---|---:|---:|---:|---:|---:|---|']
-ROWS.each { lines << "| #{_1.join(' | ')} |" }
+# Curves measured once, not at two sizes: tables of their own, after the main one.
+require_relative 'scale_lateness'
+require_relative 'scale_tick'
+extra = []
+extra += lateness_curve if want.('lateness')
+extra += tick_curve if want.('tick')
+
+lines = []
+unless ROWS.empty?
+  lines += ['| curve | cost | size A | at A | size B | at B | B ÷ A | per-unit cost grows ≤ 20% |', '|---|---|---:|---:|---:|---:|---:|---|']
+  ROWS.each { lines << "| #{_1.join(' | ')} |" }
+  lines << '' unless extra.empty?
+end
+lines += extra
 puts lines.join("\n")
 File.write(File.join(OUT, 'scale.md'), lines.join("\n") + "\n")
