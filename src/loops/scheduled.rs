@@ -62,7 +62,12 @@ pub async fn enqueue_due(worker: &Worker, set: &str) -> redis::RedisResult<(usiz
         match head_score(&mut conn, set).await? {
             None => return Ok((total, None)),
             Some(score) if score > now => return Ok((total, Some(score))),
-            Some(_) => total += move_batch(worker, &mut conn, set, now).await?,
+            Some(_) => match move_batch(worker, &mut conn, set, now).await? {
+                // A due head that would not leave (nothing moved): the next random poll looks
+                // again, rather than this loop asking at once.
+                0 => return Ok((total, None)),
+                n => total += n,
+            },
         }
     }
 }
