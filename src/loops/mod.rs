@@ -9,6 +9,7 @@ pub mod capsules;
 pub mod eviction;
 pub mod heartbeat;
 pub mod periodic;
+pub mod periodic_tick;
 pub mod queue_heads;
 pub mod scheduled;
 pub mod sweeper;

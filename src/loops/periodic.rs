@@ -1,21 +1,21 @@
 //! Periodic dispatch without a leader: every process computes the wall-clock tick
 //! (floor(now / every), or the epoch second of a cron line's run time, `manifest/cron.rs`)
-//! and tries `SET playguard:periodic:<name>:<tick> <identity> NX EX`;
-//! only the winner enqueues that tick's jobs (one per member of the Rails app's set, or one
-//! with fixed args). Missed ticks are skipped, never replayed in a burst.
+//! and tries to claim it (`SET playguard:periodic:<name>:<tick> <identity> NX EX`); only the
+//! winner enqueues that tick's jobs (one per member of the Rails app's set, or one with fixed
+//! args). Missed ticks are skipped, never replayed in a burst.
 //!
-//! The claim and the pushes run in one Lua script (`lua/periodic_dispatch.lua`), so a tick is
-//! never claimed without its jobs (a Redis error after a bare SET NX would otherwise lose the
-//! tick for every process) and a failed attempt can simply be retried until the tick ends: a
-//! retry after an attempt that did land finds the fingerprint taken and pushes nothing.
+//! The claim goes with the tick's first batch of pushes, and the rest follows in bounded steps
+//! that a peer takes over if the winner stops (`periodic_tick.rs`, `lua/periodic_batch.lua`):
+//! a tick is never claimed without its jobs, and a failed step is retried with the same batch.
 //!
 //! Every job of one tick carries the same `created_at`/`enqueued_at`, the instant the tick was
 //! computed from, so `floor(created_at / every)` is that tick (for `every_secs`).
 //!
-//! Keys: `playguard:periodic:<name>:<tick>`, the member set (read), `queues`, `queue:<q>`.
+//! Keys: `playguard:periodic:<name>:<tick>`, `playguard:periodic-progress:<name>:<tick>`, the
+//! member set (read), `queues`, `queue:<q>` (all through `periodic_tick.rs`).
 
-use crate::job::client::NewJob;
-use crate::job::payload::{new_jid, now_f64};
+use super::periodic_tick::{Fanout, Outcome};
+use crate::job::payload::now_f64;
 use crate::manifest::PeriodicSpec;
 use crate::worker::Worker;
 use serde_json::Value;
@@ -27,19 +27,13 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Wake this long after the boundary, so a timer that fires on the dot still reads the new tick.
 const PAST_BOUNDARY: Duration = Duration::from_millis(5);
 
-/// Claim the fingerprint and push every payload, atomically (`lua/periodic_dispatch.lua`).
-/// Returns the number pushed, or -1 when the tick was already taken.
-static SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(include_str!("../../lua/periodic_dispatch.lua"))
-});
-
 /// A member becomes the single argument: JSON when it parses (`42` stays a number), else a string.
 pub fn member_arg(member: &str) -> Value {
     serde_json::from_str(member).unwrap_or_else(|_| Value::from(member))
 }
 
 /// Fixed manifest args as JSON. TOML datetimes have no JSON form and become their RFC 3339 text.
-fn toml_to_json(v: &toml::Value) -> Value {
+pub(super) fn toml_to_json(v: &toml::Value) -> Value {
     match v {
         toml::Value::Datetime(d) => Value::from(d.to_string()),
         toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
@@ -65,6 +59,12 @@ pub fn fingerprint_ttl(every_secs: u64) -> u64 {
 
 pub fn fingerprint_key(name: &str, tick: u64) -> String {
     format!("playguard:periodic:{name}:{tick}")
+}
+
+/// Beside the fingerprint, not under its prefix: `playguard:periodic:<name>:*` names only
+/// fingerprints, whose value is the claimer (tests/periodic.rs reads them so).
+pub fn progress_key(name: &str, tick: u64) -> String {
+    format!("playguard:periodic-progress:{name}:{tick}")
 }
 
 /// One tick: its number (the fingerprint's suffix) and how long its fingerprint lives.
@@ -102,54 +102,6 @@ pub fn due(spec: &PeriodicSpec, now: f64) -> (Option<Tick>, f64) {
     (Some(tick), ((n + 1) * every) as f64)
 }
 
-/// Try to own `tick`; if we win, its jobs are pushed in the same script.
-/// Returns Some(count) when we enqueued, None when a peer (or an earlier attempt of ours) had.
-pub async fn fire(
-    conn: &mut crate::connections::redis_conn::Conn,
-    identity: &str,
-    spec: &PeriodicSpec,
-    tick: Tick,
-    now: f64,
-) -> redis::RedisResult<Option<usize>> {
-    let arg_lists: Vec<Vec<Value>> = match &spec.for_each_member_of {
-        Some(set) => {
-            // Bytes, then lossy text: one odd member must not cost every Marquee its tick.
-            let members: Vec<Vec<u8>> = redis::cmd("SMEMBERS").arg(set).query_async(conn).await?;
-            let mut members: Vec<String> = members
-                .iter()
-                .map(|m| String::from_utf8_lossy(m).into_owned())
-                .collect();
-            members.sort();
-            members.iter().map(|m| vec![member_arg(m)]).collect()
-        }
-        None => vec![spec.args.iter().map(toml_to_json).collect()],
-    };
-    let retry = spec
-        .retry
-        .as_ref()
-        .map(toml_to_json)
-        .unwrap_or(Value::Bool(true));
-    let mut inv = SCRIPT.prepare_invoke();
-    inv.key(fingerprint_key(&spec.name, tick.n))
-        .key("queues")
-        .key(crate::job::queues::queue_key(&spec.queue))
-        .arg(identity)
-        .arg(tick.ttl)
-        .arg(&spec.queue);
-    for args in arg_lists {
-        let job = NewJob {
-            class: spec.class.clone(),
-            args,
-            queue: spec.queue.clone(),
-            retry: retry.clone(),
-            at: None,
-        };
-        inv.arg(job.payload(&new_jid(), now));
-    }
-    let pushed: i64 = inv.invoke_async(conn).await?;
-    Ok(usize::try_from(pushed).ok())
-}
-
 /// Fire every tick until quiet. A process starting mid-tick fires that tick at once unless a
 /// peer already has (a cron tick: within its look-back); earlier ticks are never replayed.
 pub async fn run(worker: Arc<Worker>, spec: PeriodicSpec) {
@@ -161,19 +113,21 @@ pub async fn run(worker: Arc<Worker>, spec: PeriodicSpec) {
         let (tick, next) = due(&spec, now);
         let mut retry_soon = false;
         if let Some(tick) = tick.filter(|t| settled.is_none_or(|s| t.n > s)) {
-            let mut conn = worker.conn.clone();
-            match fire(&mut conn, &worker.identity, &spec, tick, now).await {
-                Ok(Some(n)) => {
+            let fanout = Fanout {
+                worker: &worker,
+                spec: &spec,
+                tick,
+                now,
+                tick_end: next,
+            };
+            match fanout.fire().await {
+                Ok(outcome) => {
                     settled = Some(tick.n);
-                    tracing::info!(periodic = %spec.name, tick = tick.n, enqueued = n, class = %spec.class,
-                        queue = %spec.queue, "periodic tick");
-                }
-                Ok(None) => {
-                    settled = Some(tick.n);
-                    tracing::debug!(periodic = %spec.name, tick = tick.n, "periodic tick taken by a peer");
+                    log_outcome(&spec, tick.n, outcome);
                 }
                 Err(e) => {
-                    // Nothing was claimed unless the jobs were pushed too: retry while the tick lasts.
+                    // Nothing was claimed unless its jobs were pushed too: retry while the tick
+                    // lasts (a tick claimed and then left is a peer's to finish).
                     retry_soon = true;
                     tracing::warn!(periodic = %spec.name, tick = tick.n, error = %e,
                         "periodic tick failed; retrying while the tick lasts");
@@ -187,6 +141,27 @@ pub async fn run(worker: Arc<Worker>, spec: PeriodicSpec) {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = worker.shutdown.quieted() => return,
+        }
+    }
+}
+
+/// The one "periodic tick" line with `enqueued = n` (the tick's total) comes from the process
+/// that pushed its last batch.
+fn log_outcome(spec: &PeriodicSpec, tick: u64, outcome: Outcome) {
+    match outcome {
+        Outcome::Finished {
+            total,
+            ours,
+            took_over,
+        } => {
+            tracing::info!(periodic = %spec.name, tick, enqueued = total, pushed_here = ours,
+                took_over, class = %spec.class, queue = %spec.queue, "periodic tick");
+        }
+        Outcome::Peer => {
+            tracing::debug!(periodic = %spec.name, tick, "periodic tick taken by a peer")
+        }
+        Outcome::Left { ours, why } => {
+            tracing::warn!(periodic = %spec.name, tick, pushed_here = ours, "periodic tick {why}")
         }
     }
 }
