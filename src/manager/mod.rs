@@ -34,8 +34,20 @@ const SHORT_JOB_MICROS: u64 = 2_000;
 /// Jobs are cheap while their recent mean run time is under this: only then does the loop run
 /// them itself (`run_or_spawn`). Over it, a task each costs little beside the job, and lets a
 /// handler that burns CPU run on every core instead of one job after another on the loop's
-/// thread. A no-op job's whole run takes a few microseconds.
+/// thread. A no-op job's whole run takes a few microseconds. The hidden
+/// `PLAYGUARD_INLINE_JOB_MICROS` scales it for a worker that runs slower as a whole: under
+/// callgrind (`bench/profile.sh`) every job takes about 100 times as long.
 const INLINE_JOB_MICROS: u64 = 50;
+
+fn inline_job_micros() -> u64 {
+    static MICROS: std::sync::LazyLock<u64> = std::sync::LazyLock::new(|| {
+        std::env::var("PLAYGUARD_INLINE_JOB_MICROS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(INLINE_JOB_MICROS)
+    });
+    *MICROS
+}
 
 /// The recent mean run time of this process's jobs (an exponential average over about the
 /// last 16), starting at one second: a process assumes long jobs until it has seen short ones.
@@ -61,7 +73,7 @@ impl Pace {
     }
 
     fn cheap(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Relaxed) < INLINE_JOB_MICROS
+        self.0.load(std::sync::atomic::Ordering::Relaxed) < inline_job_micros()
     }
 }
 
