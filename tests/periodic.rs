@@ -78,22 +78,6 @@ fn has_fingerprint(redis: &RedisServer, name: &str, tick: u64) -> bool {
     n == 1
 }
 
-/// The (tick, enqueued) pairs of a worker's "periodic tick" log lines.
-fn tick_logs(w: &Worker) -> Vec<(u64, usize)> {
-    let field = |l: &str, name: &str| -> Option<String> {
-        l.split_whitespace()
-            .find_map(|t| t.strip_prefix(name).map(str::to_string))
-    };
-    w.lines()
-        .iter()
-        .filter(|l| l.contains("periodic tick") && l.contains("periodic=dispatch"))
-        .filter_map(|l| {
-            let enq = field(l, "enqueued=")?;
-            Some((field(l, "tick=")?.parse().unwrap(), enq.parse().unwrap()))
-        })
-        .collect()
-}
-
 fn set_of(items: &[&str]) -> BTreeSet<String> {
     items
         .iter()
@@ -239,7 +223,7 @@ fn three_processes_enqueue_each_member_once_per_tick() {
     let logs_ok = || {
         let mut logged: BTreeMap<u64, Vec<usize>> = BTreeMap::new();
         for w in &workers {
-            for (t, n) in tick_logs(w) {
+            for (t, n) in w.periodic_ticks("dispatch") {
                 logged.entry(t).or_default().push(n);
             }
         }

@@ -95,22 +95,6 @@ fn assert_each_member_once(tick: u64, got: &HashMap<String, usize>, members: &[S
     );
 }
 
-/// The ticks a worker logged as finished, with their count.
-fn finished_ticks(w: &Worker) -> Vec<(u64, usize)> {
-    let field = |l: &str, name: &str| -> Option<String> {
-        l.split_whitespace()
-            .find_map(|t| t.strip_prefix(name).map(str::to_string))
-    };
-    w.lines()
-        .iter()
-        .filter(|l| l.contains("periodic tick") && l.contains("periodic=dispatch"))
-        .filter_map(|l| {
-            let n = field(l, "enqueued=")?.parse().ok()?;
-            Some((field(l, "tick=")?.parse().ok()?, n))
-        })
-        .collect()
-}
-
 /// SLOWLOG's entries as (duration in µs, command line).
 fn slowlog(redis: &RedisServer) -> Vec<(i64, String)> {
     let entries: Vec<redis::Value> = redis::cmd("SLOWLOG")
@@ -160,7 +144,7 @@ fn a_tick_larger_than_a_batch_pushes_each_member_once_in_short_steps() {
     wait_until("two ticks finished", Duration::from_secs(60), || {
         workers
             .iter()
-            .map(|w| finished_ticks(w).len())
+            .map(|w| w.periodic_ticks("dispatch").len())
             .sum::<usize>()
             >= 2
     });
@@ -173,7 +157,7 @@ fn a_tick_larger_than_a_batch_pushes_each_member_once_in_short_steps() {
     let by_tick = jobs_by_tick(&redis, every);
     let mut finished = Vec::new();
     for w in &workers {
-        finished.extend(finished_ticks(w));
+        finished.extend(w.periodic_ticks("dispatch"));
     }
     finished.sort();
     let ticks: Vec<u64> = finished.iter().map(|(t, _)| *t).collect();
@@ -255,7 +239,8 @@ fn peer_finishes_the_tick(stop: impl Fn(&mut Worker)) -> Vec<Worker> {
     });
     let peer = &workers[1 - at];
     wait_until("the peer's finishing line", Duration::from_secs(5), || {
-        finished_ticks(peer).contains(&(tick, members.len()))
+        peer.periodic_ticks("dispatch")
+            .contains(&(tick, members.len()))
     });
     assert!(peer.saw("took_over=true"), "{}", peer.output());
     let by_tick = jobs_by_tick(&redis, every);

@@ -143,6 +143,24 @@ impl Worker {
         self.lines.all()
     }
 
+    /// The (tick, enqueued) pairs of the "periodic tick" lines this worker wrote for the
+    /// `[[periodic]]` entry `name` (one per tick it finished).
+    pub fn periodic_ticks(&self, name: &str) -> Vec<(u64, usize)> {
+        let entry = format!("periodic={name}");
+        let field = |l: &str, key: &str| -> Option<String> {
+            l.split_whitespace()
+                .find_map(|t| t.strip_prefix(key).map(str::to_string))
+        };
+        self.lines()
+            .iter()
+            .filter(|l| l.contains("periodic tick") && l.contains(&entry))
+            .filter_map(|l| {
+                let n = field(l, "enqueued=")?.parse().ok()?;
+                Some((field(l, "tick=")?.parse().ok()?, n))
+            })
+            .collect()
+    }
+
     /// The first output line so far that contains `needle`.
     pub fn line_with(&self, needle: &str) -> Option<String> {
         self.lines.find(needle)
