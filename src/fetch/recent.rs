@@ -22,6 +22,7 @@ static RECONCILE: std::sync::LazyLock<redis::Script> =
 /// One finished job: its queue, its bytes, and the outcome's writes (None: done). The writes
 /// are boxed: a pipeline takes 96 bytes inline, and most finished jobs have none, so an entry
 /// stays at 64 bytes (the window holds up to `MOST`).
+#[derive(Clone)]
 struct Finished {
     at: Instant,
     queue: Arc<str>,
@@ -76,15 +77,21 @@ impl Recent {
             done.unqueued += apply(conn, queue, payload.as_bytes(), "running", &working).await?;
             done.running += 1;
         }
-        let jobs: Vec<(Arc<str>, Vec<u8>, Option<Box<redis::Pipeline>>)> = {
+        let jobs: Vec<Finished> = {
             let f = self.finished.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();
             f.iter()
                 .filter(|x| now.duration_since(x.at) <= WINDOW)
-                .map(|x| (x.queue.clone(), x.raw.clone(), x.outcome.clone()))
+                .cloned()
                 .collect()
         };
-        for (queue, raw, outcome) in jobs {
+        for Finished {
+            queue,
+            raw,
+            outcome,
+            ..
+        } in jobs
+        {
             if let Some(pipe) = outcome {
                 // The same bytes and scores: a ZADD that landed already changes nothing.
                 pipe.query_async::<()>(conn).await?;
