@@ -32,6 +32,27 @@ fn hooks_manifest() -> String {
         .collect()
 }
 
+/// What a test of hooks and events starts from: its own redis-server and Sentry listener, and
+/// a project whose manifest is `jobs` plus a `[[hook]]` per event, with the recording hook
+/// and `scripts` (path, body) installed.
+struct Bed {
+    redis: RedisServer,
+    sentry: SentryListener,
+    p: Project,
+}
+
+fn bed(jobs: &str, scripts: &[(&str, &str)]) -> Bed {
+    let redis = RedisServer::start();
+    let sentry = SentryListener::start();
+    let p = Project::new();
+    p.script("jobs/bin/hook", HOOK);
+    for (path, body) in scripts {
+        p.script(path, body);
+    }
+    p.write("jobs/app.toml", &(jobs.to_string() + &hooks_manifest()));
+    Bed { redis, sentry, p }
+}
+
 /// The stdin JSON of every hook run so far, by event (sorted by event name).
 fn hook_runs(p: &Project) -> Vec<(String, Value)> {
     let mut runs: Vec<(String, Value)> = std::fs::read_dir(p.path().join("hook-runs"))
@@ -92,20 +113,13 @@ fn check_common(e: &Value, class: &str, error_class: &str, event: &str) {
 
 #[test]
 fn a_failing_job_sends_one_failure_event_and_runs_its_failure_hook_once() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script(
-        "jobs/bin/fail",
-        "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\nexit 3\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"FailJob\"\nrun = [\"jobs/bin/fail\"]\n\
-           [[job]]\nclass = \"OpenJob\"\nrun = [\"jobs/bin/fail\"]\nreport_args = true\n"
-            .to_string()
-            + &hooks_manifest()),
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"FailJob\"\nrun = [\"jobs/bin/fail\"]\n\
+           [[job]]\nclass = \"OpenJob\"\nrun = [\"jobs/bin/fail\"]\nreport_args = true\n",
+        &[(
+            "jobs/bin/fail",
+            "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\nexit 3\n",
+        )],
     );
     let mut w = worker(&redis, &p, &sentry);
     let jid = enqueue(
@@ -184,18 +198,12 @@ fn a_failing_job_sends_one_failure_event_and_runs_its_failure_hook_once() {
 
 #[test]
 fn a_dying_job_sends_one_death_event_and_runs_failure_and_death_hooks_once_each() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script(
-        "jobs/bin/fail",
-        "#!/bin/sh\necho 'no such marquee' >&2\nexit 1\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"DieJob\"\nrun = [\"jobs/bin/fail\"]\n".to_string()
-            + &hooks_manifest()),
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"DieJob\"\nrun = [\"jobs/bin/fail\"]\n",
+        &[(
+            "jobs/bin/fail",
+            "#!/bin/sh\necho 'no such marquee' >&2\nexit 1\n",
+        )],
     );
     let mut w = worker(&redis, &p, &sentry);
     let jid = enqueue(&redis, &["DieJob", "7", "--retry", "0"]);
@@ -222,15 +230,9 @@ fn a_dying_job_sends_one_death_event_and_runs_failure_and_death_hooks_once_each(
 
 #[test]
 fn a_poison_pill_sends_one_poison_event_and_runs_poison_and_death_hooks_once_each() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"PoisonJob\"\nrun = [\"jobs/bin/ok\"]\n".to_string()
-            + &hooks_manifest()),
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"PoisonJob\"\nrun = [\"jobs/bin/ok\"]\n",
+        &[("jobs/bin/ok", "#!/bin/sh\nexit 0\n")],
     );
     // A worker that died holding the job for the third time: its fetcher entry without an
     // alive key, the job in its working list, two recoveries already counted.
@@ -281,23 +283,18 @@ fn a_poison_pill_sends_one_poison_event_and_runs_poison_and_death_hooks_once_eac
 
 #[test]
 fn a_lock_lost_cycle_sends_one_lock_lost_event_and_runs_its_hook_once() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script(
-        "jobs/bin/hold",
-        "#!/bin/sh\ntouch held\ni=0\nwhile [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n",
-    );
-    p.script("jobs/bin/after", "#!/bin/sh\ntouch after-ran\n");
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"MarqueeCycle\"\n\
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"MarqueeCycle\"\n\
            lock = { key = \"playguard:marquee:{args.0}\", ttl_secs = 30 }\n\
            [[job.phase]]\nname = \"hold\"\nrun = [\"jobs/bin/hold\"]\n\
-           [[job.phase]]\nname = \"after\"\nrun = [\"jobs/bin/after\"]\n"
-            .to_string()
-            + &hooks_manifest()),
+           [[job.phase]]\nname = \"after\"\nrun = [\"jobs/bin/after\"]\n",
+        &[
+            (
+                "jobs/bin/hold",
+                "#!/bin/sh\ntouch held\ni=0\nwhile [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n",
+            ),
+            ("jobs/bin/after", "#!/bin/sh\ntouch after-ran\n"),
+        ],
     );
     let mut w = worker(&redis, &p, &sentry);
     let jid = enqueue(&redis, &["MarqueeCycle", "9"]);
@@ -570,18 +567,12 @@ fn a_sentry_that_never_answers_holds_up_no_job_and_no_exit() {
 
 #[test]
 fn an_activejob_failure_is_named_by_the_class_it_wraps_and_keeps_its_arguments_out() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script(
-        "jobs/bin/fail",
-        "#!/bin/sh\necho 'smtp refused' >&2\nexit 1\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"SendReportJob\"\nrun = [\"jobs/bin/fail\"]\n".to_string()
-            + &hooks_manifest()),
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"SendReportJob\"\nrun = [\"jobs/bin/fail\"]\n",
+        &[(
+            "jobs/bin/fail",
+            "#!/bin/sh\necho 'smtp refused' >&2\nexit 1\n",
+        )],
     );
     let aj = serde_json::json!({"class": "ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper",
         "wrapped": "SendReportJob", "queue": "default", "jid": "0123456789abcdef01234567",
@@ -631,23 +622,18 @@ fn an_activejob_failure_is_named_by_the_class_it_wraps_and_keeps_its_arguments_o
 
 #[test]
 fn a_failed_phase_is_named_in_the_event_and_the_hook() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
-    p.script(
-        "jobs/bin/fail",
-        "#!/bin/sh\necho 'git fetch: timeout' >&2\nexit 128\n",
-    );
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"MarqueeCycle\"\n\
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"MarqueeCycle\"\n\
            lock = { key = \"playguard:marquee:{args.0}\", ttl_secs = 30 }\n\
            [[job.phase]]\nname = \"prepare\"\nrun = [\"jobs/bin/ok\"]\n\
-           [[job.phase]]\nname = \"sync_git\"\nrun = [\"jobs/bin/fail\"]\n"
-            .to_string()
-            + &hooks_manifest()),
+           [[job.phase]]\nname = \"sync_git\"\nrun = [\"jobs/bin/fail\"]\n",
+        &[
+            ("jobs/bin/ok", "#!/bin/sh\nexit 0\n"),
+            (
+                "jobs/bin/fail",
+                "#!/bin/sh\necho 'git fetch: timeout' >&2\nexit 128\n",
+            ),
+        ],
     );
     let mut w = worker(&redis, &p, &sentry);
     enqueue(&redis, &["MarqueeCycle", "4", "--retry", "2"]);
@@ -698,14 +684,9 @@ fn a_hook_whose_program_is_missing_stops_the_start_naming_it() {
 
 #[test]
 fn the_scheduled_pollers_burials_are_deaths_too() {
-    let redis = RedisServer::start();
-    let sentry = SentryListener::start();
-    let p = Project::new();
-    p.script("jobs/bin/hook", HOOK);
-    p.script("jobs/bin/ok", "#!/bin/sh\nexit 0\n");
-    p.write(
-        "jobs/app.toml",
-        &("[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n".to_string() + &hooks_manifest()),
+    let Bed { redis, sentry, p } = bed(
+        "[[job]]\nclass = \"OkJob\"\nrun = [\"jobs/bin/ok\"]\n",
+        &[("jobs/bin/ok", "#!/bin/sh\nexit 0\n")],
     );
     // A due retry that is not JSON, and a due scheduled job whose queue key is a string.
     let job = r#"{"class":"OkJob","args":[],"jid":"00112233445566778899aabb","queue":"broken","retry":true,"created_at":1700000000.0}"#;
