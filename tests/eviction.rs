@@ -136,21 +136,6 @@ fn starts(p: &Project) -> Vec<(i32, u128)> {
         .collect()
 }
 
-fn identity_of(redis: &RedisServer, w: &Worker) -> String {
-    let mut found = None;
-    wait_until("the worker registered", Duration::from_secs(20), || {
-        let ids: Vec<String> = redis::cmd("SMEMBERS")
-            .arg("processes")
-            .query(&mut redis.conn())
-            .unwrap();
-        found = ids
-            .into_iter()
-            .find(|i| i.split(':').nth_back(1) == Some(&w.pid().to_string()));
-        found.is_some()
-    });
-    found.unwrap()
-}
-
 /// Before: the beat re-created the vanished key without noticing, and the first copy ran on
 /// beside the recovered one until it finished.
 #[test]
@@ -158,14 +143,14 @@ fn a_vanished_alive_key_stops_the_running_copy_at_the_next_beat() {
     let redis = RedisServer::start();
     let p = Project::with_jobs(&[("LongJob", "long", LONG)]);
     let w1 = Worker::builder(&redis).jobs(p.path()).start();
-    let id1 = identity_of(&redis, &w1);
+    let id1 = w1.identity(&redis);
     enqueue(&redis, &["LongJob"]);
     wait_until("the first copy started", Duration::from_secs(20), || {
         starts(&p).len() == 1
     });
     let first = starts(&p)[0].0;
     let w2 = Worker::builder(&redis).jobs(p.path()).start();
-    identity_of(&redis, &w2);
+    w2.identity(&redis);
 
     // As an eviction would: the key goes, right after one of w1's beats, and with it the
     // key that spaces sweeps out (`playguard:sweep`), so w2's next sweep, within one sweep

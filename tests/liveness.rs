@@ -46,22 +46,6 @@ fn starts(p: &Project) -> Vec<Stamp> {
         .collect()
 }
 
-/// The identity a worker registered in `processes` (hostname:pid:nonce).
-fn identity_of(redis: &RedisServer, w: &Worker) -> String {
-    let mut found = None;
-    wait_until("the worker registered", Duration::from_secs(20), || {
-        let ids: Vec<String> = redis::cmd("SMEMBERS")
-            .arg("processes")
-            .query(&mut redis.conn())
-            .unwrap();
-        found = ids
-            .into_iter()
-            .find(|i| i.split(':').nth_back(1) == Some(&w.pid().to_string()));
-        found.is_some()
-    });
-    found.unwrap()
-}
-
 #[test]
 fn frozen_worker_command_is_killed_before_its_job_runs_again() {
     let redis = RedisServer::start();
@@ -70,7 +54,7 @@ fn frozen_worker_command_is_killed_before_its_job_runs_again() {
         .jobs(p.path())
         .args(["-c", "2"])
         .start();
-    let id1 = identity_of(&redis, &w1);
+    let id1 = w1.identity(&redis);
     enqueue(&redis, &["LongJob"]);
     wait_until("the first copy started", Duration::from_secs(20), || {
         starts(&p).len() == 1
@@ -80,7 +64,7 @@ fn frozen_worker_command_is_killed_before_its_job_runs_again() {
         .jobs(p.path())
         .args(["-c", "2"])
         .start();
-    identity_of(&redis, &w2);
+    w2.identity(&redis);
 
     // Frozen past the alive TTL: the second worker's sweep recovers the job.
     w1.signal("STOP");
@@ -174,7 +158,7 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
         .jobs(p.path())
         .args(["-c", "2"])
         .start();
-    let id1 = identity_of(&redis, &w1);
+    let id1 = w1.identity(&redis);
     let jid = enqueue(&redis, &["PlayguardJob", "7"]);
     wait_until(
         "the first cycle's phase started",
@@ -221,7 +205,7 @@ fn sigkilled_holder_lock_is_released_and_the_marquee_reconciled_again() {
         .jobs(p.path())
         .args(["-c", "2"])
         .start();
-    let id2 = identity_of(&redis, &w2);
+    let id2 = w2.identity(&redis);
     w1.kill9();
     // The lease has ~600 s left; the sweep must free it rather than wait for it.
     wait_until(
@@ -279,7 +263,7 @@ fn worker_cut_off_from_redis_stops_its_job_and_hands_it_back() {
         .jobs(p.path())
         .args(["-c", "2"])
         .start();
-    identity_of(&redis, &w);
+    w.identity(&redis);
     enqueue(&redis, &["LongJob"]);
     wait_until("the job started", Duration::from_secs(20), || {
         starts(&p).len() == 1

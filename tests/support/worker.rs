@@ -3,7 +3,7 @@
 //! running [`Worker`] with its output lines collected, and `playguard enqueue`.
 
 use super::lines::Lines;
-use super::{bin, signal, RedisServer};
+use super::{bin, signal, wait_until, RedisServer};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -141,6 +141,23 @@ impl Worker {
     /// Every output line so far (stdout and stderr).
     pub fn lines(&self) -> Vec<String> {
         self.lines.all()
+    }
+
+    /// The identity this worker registered in `redis`'s `processes` (hostname:pid:nonce),
+    /// waited for.
+    pub fn identity(&self, redis: &RedisServer) -> String {
+        let mut found = None;
+        wait_until("the worker registered", Duration::from_secs(20), || {
+            let ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg("processes")
+                .query(&mut redis.conn())
+                .unwrap();
+            found = ids
+                .into_iter()
+                .find(|i| i.split(':').nth_back(1) == Some(&self.pid().to_string()));
+            found.is_some()
+        });
+        found.unwrap()
     }
 
     /// The (tick, enqueued) pairs of the "periodic tick" lines this worker wrote for the
