@@ -141,13 +141,7 @@ fn a_moved_name_is_followed_without_killing_running_work() {
         !procs.is_empty()
     });
     eprintln!("FIGURES (moved name): move-to-first-job-on-B {first_job:?}");
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
 }
 
 /// What the worker did on A after A stopped replicating to B is re-applied on B when the name
@@ -256,13 +250,7 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
         "FIGURES (moved name, reconcile): {}",
         w.line_with("failover: re-applied").unwrap_or_default()
     );
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
 }
 
 /// A host that stops answering without closing anything (SIGSTOP: no reset, no reply) while
@@ -314,11 +302,5 @@ fn a_silent_old_primary_is_left_on_a_response_timeout() {
         w.output()
     );
     eprintln!("FIGURES (silent old primary): move-to-first-job-on-B {first_job:?}");
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
 }

@@ -560,13 +560,7 @@ fn reruns_across_a_failover(kill_primary: bool) -> usize {
         },
     );
     assert!(alive(&mut w), "the worker is up:\n{}", w.output());
-    w.signal("TERM");
-    assert_eq!(
-        w.wait_exit(Duration::from_secs(30)),
-        Some(0),
-        "{}",
-        w.output()
-    );
+    w.stop(Duration::from_secs(30));
     twice
 }
 
