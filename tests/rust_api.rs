@@ -211,3 +211,61 @@ async fn a_panicking_rust_handler_fails_its_job_and_the_worker_goes_on() {
     .unwrap();
     stop(&shutdown, worker).await;
 }
+
+/// A Rust handler that burns CPU runs on both tokio threads, not one job after another on the
+/// fetch loop's thread (`manager/mod.rs`, `run_or_spawn`): once the worker has seen how long
+/// its jobs take, two of these 1 ms jobs run at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_bound_handlers_run_side_by_side_on_both_threads() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    const JOBS: usize = 400;
+    // Jobs before this one may still run while the worker learns how long its jobs take.
+    const SETTLED: usize = 200;
+    #[derive(Default)]
+    struct Overlap {
+        started: AtomicUsize,
+        running: AtomicUsize,
+        finished: AtomicUsize,
+        most_after_settled: AtomicUsize,
+    }
+    let redis = RedisServer::start();
+    let seen = Arc::new(Overlap::default());
+    let mut registry = Registry::new();
+    let s = seen.clone();
+    registry.register_fn("Burn", move |_ctx| {
+        let s = s.clone();
+        async move {
+            let n = s.started.fetch_add(1, SeqCst);
+            let now = s.running.fetch_add(1, SeqCst) + 1;
+            if n >= SETTLED {
+                s.most_after_settled.fetch_max(now, SeqCst);
+            }
+            // 1 ms of work that never yields, as a parse or a render would.
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_millis(1) {
+                std::hint::spin_loop();
+            }
+            s.running.fetch_sub(1, SeqCst);
+            s.finished.fetch_add(1, SeqCst);
+            Ok(())
+        }
+    });
+    for _ in 0..JOBS {
+        push(&redis, "Burn", serde_json::json!([]));
+    }
+    let (shutdown, worker) = start(&redis, registry);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.finished.load(SeqCst) < JOBS {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "jobs did not all finish"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop(&shutdown, worker).await;
+    let most = seen.most_after_settled.load(SeqCst);
+    assert!(
+        most >= 2,
+        "CPU-bound jobs ran one at a time once the worker knew their length (most at once: {most})"
+    );
+}
