@@ -243,7 +243,7 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
             String::from_utf8_lossy(g)
         );
     }
-    assert!(w.saw("invalid job payload"));
+    w.wait_for_line("invalid job payload", Duration::from_secs(10));
     // Acks are batched after the job's command exits: wait for the last one to land.
     wait_until(
         "nothing left in working lists",

@@ -68,7 +68,7 @@ fn scheduled_job_for_a_queue_key_of_the_wrong_type_goes_to_dead() {
         d["error_message"].as_str().unwrap().contains("queue:bad"),
         "{d}"
     );
-    assert!(w.saw("queue:bad"), "{}", w.output());
+    w.wait_for_line("queue:bad", Duration::from_secs(10));
 }
 
 /// Dead processes: one whose working list is not a list (its recovery fails), one whose queue

@@ -188,6 +188,9 @@ impl Worker {
         self.lines.count(needle)
     }
 
+    /// Whether a line so far contains `needle`. The worker writes its log through a writer
+    /// thread, so a line can trail the Redis state it reports: to check that a line was
+    /// written, wait for it (`wait_for_line`); `saw` suits a line that must not appear.
     pub fn saw(&self, needle: &str) -> bool {
         self.lines.saw(needle)
     }
