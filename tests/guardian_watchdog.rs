@@ -68,10 +68,9 @@ fn a_stopped_guardian_fails_health_and_its_jobs_still_end() {
         Duration::from_secs(30),
         || !pid_alive(old),
     );
-    assert!(
-        w.saw("the command guardian has not answered"),
-        "{}",
-        w.output()
+    w.wait_for_line(
+        "the command guardian has not answered",
+        Duration::from_secs(30),
     );
     // A new guardian runs the next command, and answers.
     push_to_default(&redis, &[job("FastJob", "fa57fa57fa57fa57fa57fa57")]);

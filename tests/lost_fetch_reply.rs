@@ -88,10 +88,9 @@ fn jobs_a_lost_fetch_reply_moved_run_while_the_worker_stays_busy() {
         },
     );
     // The scenario happened: the lost fetch had moved jobs, and they were pushed back.
-    assert!(
-        w.saw("returned jobs a failed fetch had moved"),
-        "{}",
-        w.output()
+    w.wait_for_line(
+        "returned jobs a failed fetch had moved",
+        Duration::from_secs(30),
     );
     stop.store(true, Ordering::Relaxed);
     feed.join().unwrap();

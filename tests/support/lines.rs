@@ -11,20 +11,34 @@ use std::time::{Duration, Instant};
 
 /// The output lines of a child whose stdout and stderr are pipes: both streams in the order
 /// the lines arrived, and stdout's alone.
+///
+/// PLAYGUARD_TEST_OUTPUT_LAG_MS=N shows each line to the test only N ms after it was read
+/// (every line once the process has exited and `drain` ran). The worker logs through a writer
+/// thread, so a line can trail the Redis state it reports; a test that reads a line at once
+/// after waiting on Redis fails under this lag, where it would fail only now and then on a
+/// loaded machine.
 pub struct Lines {
-    all: Arc<Mutex<Vec<String>>>,
-    stdout: Arc<Mutex<Vec<String>>>,
+    seen: Arc<Mutex<Seen>>,
+    /// How long a read line stays hidden from the test (zero unless the variable is set).
+    lag: Duration,
     /// The threads reading stdout and stderr: an exit is only fully seen once they reach
     /// end of file, else the last lines can still be in the pipe when a test reads them.
     readers: Vec<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// Read, not yet shown: (when read, from stdout, line), oldest first.
+    pending: std::collections::VecDeque<(Instant, bool, String)>,
+    all: Vec<String>,
+    stdout: Vec<String>,
 }
 
 impl Lines {
     /// Take `child`'s stdout and stderr pipes and read them line by line from now on
     /// (echoed to the test's stderr under PLAYGUARD_TEST_ECHO).
     pub fn collect(child: &mut Child) -> Lines {
-        let all = Arc::new(Mutex::new(Vec::new()));
-        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::new(Mutex::new(Seen::default()));
         let mut readers = Vec::new();
         for (stream, is_stdout) in [
             (
@@ -33,63 +47,68 @@ impl Lines {
             ),
             (Box::new(child.stderr.take().expect("stderr piped")), false),
         ] {
-            let (all, stdout) = (all.clone(), stdout.clone());
+            let seen = seen.clone();
             readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines().map_while(Result::ok) {
                     if std::env::var("PLAYGUARD_TEST_ECHO").is_ok() {
                         eprintln!("[worker] {line}");
                     }
-                    if is_stdout {
-                        stdout.lock().unwrap().push(line.clone());
-                    }
-                    all.lock().unwrap().push(line);
+                    let mut s = seen.lock().unwrap();
+                    s.pending.push_back((Instant::now(), is_stdout, line));
                 }
             }));
         }
-        Lines {
-            all,
-            stdout,
-            readers,
+        let lag = std::env::var("PLAYGUARD_TEST_OUTPUT_LAG_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::ZERO, Duration::from_millis);
+        Lines { seen, lag, readers }
+    }
+
+    /// The lines the test may see now (those read at least `lag` ago).
+    fn view(&self) -> std::sync::MutexGuard<'_, Seen> {
+        let mut s = self.seen.lock().unwrap();
+        while s.pending.front().is_some_and(|p| p.0.elapsed() >= self.lag) {
+            let (_, is_stdout, line) = s.pending.pop_front().unwrap();
+            if is_stdout {
+                s.stdout.push(line.clone());
+            }
+            s.all.push(line);
         }
+        s
     }
 
     /// Every line so far, both streams.
     pub fn all(&self) -> Vec<String> {
-        self.all.lock().unwrap().clone()
+        self.view().all.clone()
     }
 
     /// Every line so far, joined with newlines.
     pub fn text(&self) -> String {
-        self.all.lock().unwrap().join("\n")
+        self.view().all.join("\n")
     }
 
     /// Stdout's lines so far, joined with newlines.
     pub fn stdout_text(&self) -> String {
-        self.stdout.lock().unwrap().join("\n")
+        self.view().stdout.join("\n")
     }
 
     /// The first line so far containing `needle`.
     pub fn find(&self, needle: &str) -> Option<String> {
-        self.all
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|l| l.contains(needle))
-            .cloned()
+        self.view().all.iter().find(|l| l.contains(needle)).cloned()
     }
 
     /// How many lines so far contain `needle`.
     pub fn count(&self, needle: &str) -> usize {
-        self.all
-            .lock()
-            .unwrap()
+        self.view()
+            .all
             .iter()
             .filter(|l| l.contains(needle))
             .count()
     }
 
     pub fn saw(&self, needle: &str) -> bool {
-        self.all.lock().unwrap().iter().any(|l| l.contains(needle))
+        self.view().all.iter().any(|l| l.contains(needle))
     }
 
     /// Wait until a line contains `needle`; panics with the output so far on timeout.
@@ -117,6 +136,8 @@ impl Lines {
                 let _ = r.join();
             }
         }
+        // The process is gone: nothing it wrote can trail anything any more.
+        self.lag = Duration::ZERO;
     }
 }
 
