@@ -105,15 +105,7 @@ fn frozen_worker_command_is_killed_before_its_job_runs_again() {
     wait_until(
         "queue and both working lists empty",
         Duration::from_secs(30),
-        || {
-            redis.llen("queue:default") == 0
-                && redis::cmd("KEYS")
-                    .arg("playguard:working:*")
-                    .query::<Vec<String>>(&mut redis.conn())
-                    .unwrap()
-                    .iter()
-                    .all(|k| redis.llen(k) == 0)
-        },
+        || redis.llen("queue:default") == 0 && redis.working_jobs().is_empty(),
     );
     assert_eq!(redis.llen(&working1), 0);
     let retries: usize = redis::cmd("ZCARD")

@@ -45,6 +45,57 @@ fn pair() -> (RedisServer, RedisServer) {
     (a, b)
 }
 
+/// `pair()` once B has caught up with A.
+fn pair_in_sync() -> (RedisServer, RedisServer) {
+    let (a, b) = pair();
+    wait_until("B in sync with A", Duration::from_secs(20), || {
+        info(&b, "replication").contains("master_link_status:up")
+    });
+    (a, b)
+}
+
+/// `REPLICAOF 127.0.0.1 <port>` on `server`, or `REPLICAOF NO ONE` (promote it) for None.
+fn replicaof(server: &RedisServer, port: Option<u16>) {
+    let mut cmd = redis::cmd("REPLICAOF");
+    match port {
+        Some(port) => cmd.arg("127.0.0.1").arg(port),
+        None => cmd.arg("NO").arg("ONE"),
+    };
+    let _: () = cmd.query(&mut server.conn()).unwrap();
+}
+
+/// A worker of `p` at `-c <concurrency>` through the proxy's name, started.
+fn worker_through(proxy: &Proxy, p: &Project, concurrency: &str) -> Worker {
+    let w = Worker::builder_url(&proxy.url())
+        .jobs(p.path())
+        .args(["-c", concurrency])
+        .start();
+    w.wait_for_line("playguard starting", Duration::from_secs(10));
+    w
+}
+
+/// Push a Slow job by the proxy's name and wait until it runs.
+fn start_slow(proxy: &Proxy, p: &Project, what: &str) {
+    enqueue_url(&proxy.url(), &["Slow"]);
+    wait_until(what, Duration::from_secs(10), || {
+        ran(p).iter().any(|r| r == "slow")
+    });
+}
+
+/// The slow job that ran across the move ends, and the worker is still up.
+fn slow_job_survived(p: &Project, w: &mut Worker) {
+    wait_until(
+        "the slow job that ran across the move ends",
+        Duration::from_secs(40),
+        || ran(p).iter().any(|r| r == "slow-end"),
+    );
+    assert!(
+        w.child.try_wait().unwrap().is_none(),
+        "the worker is up:\n{}",
+        w.output()
+    );
+}
+
 fn project() -> Project {
     let p = Project::new();
     p.script(
@@ -69,21 +120,11 @@ fn project() -> Project {
 
 #[test]
 fn a_moved_name_is_followed_without_killing_running_work() {
-    let (a, b) = pair();
-    wait_until("B in sync with A", Duration::from_secs(20), || {
-        info(&b, "replication").contains("master_link_status:up")
-    });
+    let (a, b) = pair_in_sync();
     let proxy = Proxy::start(a.port);
     let p = project();
-    let mut w = Worker::builder_url(&proxy.url())
-        .jobs(p.path())
-        .args(["-c", "3"])
-        .start();
-    w.wait_for_line("playguard starting", Duration::from_secs(10));
-    enqueue_url(&proxy.url(), &["Slow"]);
-    wait_until("the slow job runs", Duration::from_secs(10), || {
-        ran(&p).iter().any(|r| r == "slow")
-    });
+    let mut w = worker_through(&proxy, &p, "3");
+    start_slow(&proxy, &p, "the slow job runs");
     enqueue_url(&proxy.url(), &["Note", "before"]);
     wait_until(
         "a job runs before the move",
@@ -93,18 +134,10 @@ fn a_moved_name_is_followed_without_killing_running_work() {
 
     // The move: B is promoted, the name points at B, A follows B as a replica. The worker's
     // open connections still reach A through the proxy.
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut b.conn())
-        .unwrap();
+    replicaof(&b, None);
     proxy.move_to(b.port);
     let moved = Instant::now();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(b.port)
-        .query(&mut a.conn())
-        .unwrap();
+    replicaof(&a, Some(b.port));
     push_to_default(
         &b,
         r#"{"retry":true,"queue":"default","class":"Note","args":["after"],"jid":"0123456789abcdef01234567","created_at":1,"enqueued_at":1}"#,
@@ -115,21 +148,12 @@ fn a_moved_name_is_followed_without_killing_running_work() {
         || ran(&p).iter().any(|r| r == "after"),
     );
     let first_job = moved.elapsed();
-    wait_until(
-        "the slow job that ran across the move ends",
-        Duration::from_secs(40),
-        || ran(&p).iter().any(|r| r == "slow-end"),
-    );
+    slow_job_survived(&p, &mut w);
     let runs = ran(&p);
     assert_eq!(
         runs.iter().filter(|r| *r == "slow").count(),
         1,
         "the slow job ran once: {runs:?}\n{}",
-        w.output()
-    );
-    assert!(
-        w.child.try_wait().unwrap().is_none(),
-        "the worker is up:\n{}",
         w.output()
     );
     // Its beats land on B: the Busy page shows it there.
@@ -150,10 +174,7 @@ fn a_moved_name_is_followed_without_killing_running_work() {
 /// working list on B (and not queued there).
 #[test]
 fn what_the_old_primary_never_passed_on_is_reapplied() {
-    let (a, b) = pair();
-    wait_until("B in sync with A", Duration::from_secs(20), || {
-        info(&b, "replication").contains("master_link_status:up")
-    });
+    let (a, b) = pair_in_sync();
     let proxy = Proxy::start(a.port);
     let p = project();
     p.script("jobs/bin/gate", BLOCK_UNTIL_RELEASE);
@@ -161,11 +182,7 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
         "jobs/gate.toml",
         "[[job]]\nclass = \"Gate\"\nrun = [\"jobs/bin/gate\"]\n",
     );
-    let mut w = Worker::builder_url(&proxy.url())
-        .jobs(p.path())
-        .args(["-c", "1"])
-        .start();
-    w.wait_for_line("playguard starting", Duration::from_secs(10));
+    let mut w = worker_through(&proxy, &p, "1");
     let identity = w
         .line_with("playguard starting")
         .and_then(|l| {
@@ -188,11 +205,7 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
         .unwrap();
     assert_eq!(acked, 1, "B has A's writes:\n{}", info(&b, "replication"));
     // B stops following A: from here A's writes never reach B.
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut b.conn())
-        .unwrap();
+    replicaof(&b, None);
     assert_eq!(
         (b.llen("queue:default"), b.llen(&working)),
         (1, 1),
@@ -204,19 +217,10 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
     wait_until("the queued job runs on A", Duration::from_secs(10), || {
         ran(&p).iter().any(|r| r == "queued-on-both")
     });
-    enqueue_url(&proxy.url(), &["Slow"]);
-    wait_until(
-        "the slow job runs (on A only)",
-        Duration::from_secs(10),
-        || ran(&p).iter().any(|r| r == "slow"),
-    );
+    start_slow(&proxy, &p, "the slow job runs (on A only)");
 
     proxy.move_to(b.port);
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(b.port)
-        .query(&mut a.conn())
-        .unwrap();
+    replicaof(&a, Some(b.port));
     let moved = now_epoch();
     wait_until("the worker beats on B", Duration::from_secs(30), || {
         redis::cmd("HGET")
@@ -258,27 +262,13 @@ fn what_the_old_primary_never_passed_on_is_reapplied() {
 /// name, and it runs a job pushed to B without killing the job it was running.
 #[test]
 fn a_silent_old_primary_is_left_on_a_response_timeout() {
-    let (a, b) = pair();
-    wait_until("B in sync with A", Duration::from_secs(20), || {
-        info(&b, "replication").contains("master_link_status:up")
-    });
+    let (a, b) = pair_in_sync();
     let proxy = Proxy::start(a.port);
     let p = project();
-    let mut w = Worker::builder_url(&proxy.url())
-        .jobs(p.path())
-        .args(["-c", "3"])
-        .start();
-    w.wait_for_line("playguard starting", Duration::from_secs(10));
-    enqueue_url(&proxy.url(), &["Slow"]);
-    wait_until("the slow job runs", Duration::from_secs(10), || {
-        ran(&p).iter().any(|r| r == "slow")
-    });
+    let mut w = worker_through(&proxy, &p, "3");
+    start_slow(&proxy, &p, "the slow job runs");
     a.pause();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("NO")
-        .arg("ONE")
-        .query(&mut b.conn())
-        .unwrap();
+    replicaof(&b, None);
     proxy.move_to(b.port);
     let moved = Instant::now();
     push_to_default(
@@ -291,16 +281,7 @@ fn a_silent_old_primary_is_left_on_a_response_timeout() {
         || ran(&p).iter().any(|r| r == "after"),
     );
     let first_job = moved.elapsed();
-    wait_until(
-        "the slow job that ran across the move ends",
-        Duration::from_secs(40),
-        || ran(&p).iter().any(|r| r == "slow-end"),
-    );
-    assert!(
-        w.child.try_wait().unwrap().is_none(),
-        "the worker is up:\n{}",
-        w.output()
-    );
+    slow_job_survived(&p, &mut w);
     eprintln!("FIGURES (silent old primary): move-to-first-job-on-B {first_job:?}");
     w.stop(Duration::from_secs(30));
 }

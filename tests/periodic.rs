@@ -97,14 +97,10 @@ fn three_processes_enqueue_each_member_once_per_tick() {
     let mut c = redis.conn();
     let _: () = redis::cmd("SADD").arg(SET).arg(&old).query(&mut c).unwrap();
 
-    let mut workers: Vec<Worker> = (0..3)
-        .map(|_| {
-            Worker::builder(&redis)
-                .jobs(p.path())
-                .args(["-q", "default"])
-                .start()
-        })
-        .collect();
+    let mut workers = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "default"])
+        .start_many(3);
     wait_until(
         "three processes registered",
         Duration::from_secs(20),
@@ -348,14 +344,10 @@ fn a_redis_outage_neither_loses_nor_doubles_a_claimed_tick() {
         .arg(&members)
         .query(&mut c)
         .unwrap();
-    let mut workers: Vec<Worker> = (0..2)
-        .map(|_| {
-            Worker::builder(&redis)
-                .jobs(p.path())
-                .args(["-q", "default"])
-                .start()
-        })
-        .collect();
+    let mut workers = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "default"])
+        .start_many(2);
     // Both started before the outage: one still connecting when Redis pauses fails its start.
     for w in &workers {
         w.wait_for_line("playguard starting", Duration::from_secs(20));

@@ -67,9 +67,7 @@ fn three_processes_enqueue_one_job_per_cron_tick() {
         "[[periodic]]\nname = \"cron\"\ncron = \"*/2 * * * * *\"\ntz = \"Europe/Paris\"\n\
          class = \"CronJob\"\nqueue = \"crons\"\nargs = [7]\n",
     );
-    let workers: Vec<Worker> = (0..3)
-        .map(|_| Worker::builder(&redis).jobs(p.path()).start())
-        .collect();
+    let workers = Worker::builder(&redis).jobs(p.path()).start_many(3);
     let fingerprints = || -> BTreeMap<u64, String> {
         let mut c = redis.conn();
         let keys: Vec<String> = redis::cmd("KEYS")

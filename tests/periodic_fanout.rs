@@ -133,14 +133,10 @@ fn a_tick_larger_than_a_batch_pushes_each_member_once_in_short_steps() {
         .query(&mut redis.conn())
         .unwrap();
     let p = project(every);
-    let mut workers: Vec<Worker> = (0..3)
-        .map(|_| {
-            Worker::builder(&redis)
-                .jobs(p.path())
-                .args(["-q", "default"])
-                .start()
-        })
-        .collect();
+    let mut workers = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "default"])
+        .start_many(3);
     wait_until("two ticks finished", Duration::from_secs(60), || {
         workers
             .iter()
@@ -207,15 +203,11 @@ fn peer_finishes_the_tick(stop: impl Fn(&mut Worker)) -> Vec<Worker> {
     let members = fill_set(&redis, 25_000);
     let p = project(every);
     // Small batches: 500 steps for 25,000 members, long enough to interrupt.
-    let mut workers: Vec<Worker> = (0..2)
-        .map(|_| {
-            Worker::builder(&redis)
-                .jobs(p.path())
-                .args(["-q", "default"])
-                .env("PLAYGUARD_PERIODIC_BATCH", "50")
-                .start()
-        })
-        .collect();
+    let mut workers = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "default"])
+        .env("PLAYGUARD_PERIODIC_BATCH", "50")
+        .start_many(2);
     let mut under_way = None;
     wait_until("a tick under way", Duration::from_secs(30), || {
         under_way = tick_under_way(&redis);

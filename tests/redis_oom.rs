@@ -167,15 +167,7 @@ fn thirty_seconds_of_oom_kill_no_running_job_and_lose_none() {
     wait_until(
         "queue and working list empty",
         Duration::from_secs(30),
-        || {
-            redis.llen("queue:default") == 0
-                && redis::cmd("KEYS")
-                    .arg("playguard:working:*")
-                    .query::<Vec<String>>(&mut redis.conn())
-                    .unwrap()
-                    .iter()
-                    .all(|k| redis.llen(k) == 0)
-        },
+        || redis.llen("queue:default") == 0 && redis.working_jobs().is_empty(),
     );
     let accounted = 2 + redis.zcard("retry") + p.lines("ran.log").len() as i64;
     let lost = 5 - accounted;

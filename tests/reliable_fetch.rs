@@ -32,18 +32,6 @@ fn push(redis: &RedisServer, class: &str, n: usize) -> Vec<(String, String)> {
     jobs
 }
 
-/// Total length of every playguard working list.
-fn in_working_lists(redis: &RedisServer) -> usize {
-    let mut c = redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("playguard:working:*")
-        .query(&mut c)
-        .unwrap();
-    keys.iter()
-        .map(|k| redis::cmd("LLEN").arg(k).query::<usize>(&mut c).unwrap())
-        .sum()
-}
-
 #[test]
 fn sigkill_three_times_loses_no_job() {
     let redis = RedisServer::start();
@@ -76,7 +64,7 @@ fn sigkill_three_times_loses_no_job() {
         );
         // Land anywhere inside a job, not just on a boundary.
         std::thread::sleep(Duration::from_millis(rng.random_range(0..25)));
-        let in_flight = in_working_lists(&redis);
+        let in_flight = redis.working_jobs().len();
         w.kill9();
         eprintln!(
             "kill {}: after {} finished runs, {in_flight} job(s) in working lists",
@@ -96,7 +84,7 @@ fn sigkill_three_times_loses_no_job() {
     wait_until(
         "queue and working lists empty",
         Duration::from_secs(30),
-        || redis.llen("queue:default") == 0 && in_working_lists(&redis) == 0,
+        || redis.llen("queue:default") == 0 && redis.working_jobs().is_empty(),
     );
     let runs = p.lines("ledger.txt");
     let mut counts: HashMap<&str, usize> = HashMap::new();
@@ -185,7 +173,7 @@ fn job_that_kills_its_worker_ends_dead_as_poison_pill() {
     assert!(msg.contains("recovered 3 times"), "{msg}");
     eprintln!("dead entry: {msg}");
     assert_eq!(redis.llen("queue:default"), 0);
-    assert_eq!(in_working_lists(&redis), 0);
+    assert_eq!(redis.working_jobs().len(), 0);
     w.stop(Duration::from_secs(30));
 }
 
@@ -209,7 +197,7 @@ fn sigterm_puts_the_running_job_back_once() {
     wait_until("the job started", Duration::from_secs(30), || {
         !p.lines("started.txt").is_empty()
     });
-    assert_eq!(in_working_lists(&redis), 1, "held in the working list");
+    assert_eq!(redis.working_jobs().len(), 1, "held in the working list");
     w.stop(Duration::from_secs(30));
     let queued = redis.lrange("queue:default");
     // Byte for byte but for the shutdown count (job/interrupted.rs) at the end.
@@ -218,7 +206,7 @@ fn sigterm_puts_the_running_job_back_once() {
         jobs[0].1.strip_suffix('}').unwrap()
     );
     assert_eq!(queued, vec![counted], "back once");
-    assert_eq!(in_working_lists(&redis), 0, "working list empty");
+    assert_eq!(redis.working_jobs().len(), 0, "working list empty");
 }
 
 /// A Ruby Sidekiq 6.4.1 process started from the CLI, stopped on drop.
@@ -298,7 +286,7 @@ fn ruby_sidekiq_and_playguard_share_a_queue() {
     wait_until(
         "queue and working lists empty",
         Duration::from_secs(30),
-        || redis.llen("queue:default") == 0 && in_working_lists(&redis) == 0,
+        || redis.llen("queue:default") == 0 && redis.working_jobs().is_empty(),
     );
     let all = runs(&p);
     let by_ruby = all.iter().filter(|(w, _)| w == "ruby").count();
@@ -361,7 +349,7 @@ fn basic_fetch_is_plain_brpop() {
     assert!(stats.contains("cmdstat_brpop:"), "{stats}");
     assert!(!stats.contains("cmdstat_blmove:"), "{stats}");
     assert!(!stats.contains("cmdstat_lrem:"), "no acks: {stats}");
-    assert_eq!(in_working_lists(&redis), 0);
+    assert_eq!(redis.working_jobs().len(), 0);
     w.stop(Duration::from_secs(30));
     assert_eq!(p.lines("ledger.txt").len(), 20);
 }
@@ -501,7 +489,7 @@ fn reliable_fetch_keeps_strict_order_over_many_queues() {
     assert!(ledger[..17].iter().all(|q| q == "q1"), "{ledger:?}");
     assert_eq!(ledger.iter().filter(|q| *q == "q11").count(), 20);
     wait_until("every job acked", Duration::from_secs(30), || {
-        in_working_lists(&redis) == 0
+        redis.working_jobs().is_empty()
     });
     w.stop(Duration::from_secs(30));
 }

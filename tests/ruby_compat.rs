@@ -248,17 +248,7 @@ fn garbage_goes_to_dead_and_the_worker_keeps_going(fetch: &str) {
     wait_until(
         "nothing left in working lists",
         Duration::from_secs(10),
-        || {
-            let working: Vec<String> = redis::cmd("KEYS")
-                .arg("playguard:working:*")
-                .query(&mut c)
-                .unwrap();
-            working
-                .iter()
-                .map(|k| redis::cmd("LLEN").arg(k).query::<i64>(&mut c).unwrap())
-                .sum::<i64>()
-                == 0
-        },
+        || redis.working_jobs().is_empty(),
     );
     w.stop(Duration::from_secs(15));
 }

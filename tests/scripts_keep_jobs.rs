@@ -152,12 +152,7 @@ fn requeue_and_drain_keep_the_job_when_the_queue_key_has_the_wrong_type() {
     set(&redis, "queue:default", "not a list");
     w.signal("TERM");
     w.wait_exit(Duration::from_secs(30));
-    let working: Vec<String> = redis::cmd("KEYS")
-        .arg("playguard:working:*")
-        .query(&mut redis.conn())
-        .unwrap();
-    let kept: Vec<String> = working.iter().flat_map(|k| redis.lrange(k)).collect();
-    assert_eq!(kept, vec![payload], "{}", w.output());
+    assert_eq!(redis.working_jobs(), vec![payload], "{}", w.output());
     assert!(w.saw("queue:default"), "{}", w.output());
 }
 
@@ -180,9 +175,5 @@ fn a_failed_outcome_write_is_retried_until_it_lands() {
     });
     let r: Value = serde_json::from_str(&zrange(&redis, "retry")[0]).unwrap();
     assert_eq!(r["error_message"], "boom");
-    let working: Vec<String> = redis::cmd("KEYS")
-        .arg("playguard:working:*")
-        .query(&mut redis.conn())
-        .unwrap();
-    assert!(working.iter().all(|k| redis.lrange(k).is_empty()));
+    assert!(redis.working_jobs().is_empty());
 }

@@ -35,14 +35,6 @@ fn phased_project(ttl: u32, first_phase_secs: u32) -> Project {
     p
 }
 
-fn working_lists_empty(redis: &RedisServer) -> bool {
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("playguard:working:*")
-        .query(&mut redis.conn())
-        .unwrap();
-    keys.is_empty()
-}
-
 fn pids_of(p: &Project, phase: &str) -> Vec<i32> {
     p.read("ledger.log")
         .lines()
@@ -74,7 +66,7 @@ fn term_during_a_long_phase(fetch: &str) {
     let q = redis.lrange("queue:default");
     assert_eq!(q.len(), 1, "exactly one copy requeued: {q:?}");
     assert!(q[0].contains(&jid), "same jid");
-    assert!(working_lists_empty(&redis));
+    assert!(redis.working_jobs().is_empty());
     for pid in pids_of(&p, "one") {
         assert!(!pid_alive(pid), "the phase's process {pid} is gone");
     }
@@ -152,7 +144,7 @@ fn a_plain_job_finishes_within_the_timeout_and_is_not_requeued() {
     w.stop(Duration::from_secs(15));
     assert!(p.read("ledger.log").contains("end plain"), "finished");
     assert!(redis.lrange("queue:default").is_empty(), "not requeued");
-    assert!(working_lists_empty(&redis));
+    assert!(redis.working_jobs().is_empty());
     // Counted once as processed, with no failure.
     let mut c = redis.conn();
     let processed: Option<i64> = redis::cmd("GET")

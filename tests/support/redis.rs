@@ -109,6 +109,17 @@ impl RedisServer {
             .unwrap()
     }
 
+    /// Every payload in every playguard working list (`playguard:working:*`), the lists in
+    /// name order. Redis drops an emptied list, so none left means no key left either.
+    pub fn working_jobs(&self) -> Vec<String> {
+        let mut keys: Vec<String> = redis::cmd("KEYS")
+            .arg("playguard:working:*")
+            .query(&mut self.conn())
+            .unwrap();
+        keys.sort();
+        keys.iter().flat_map(|k| self.lrange(k)).collect()
+    }
+
     /// The whole list `key` (`LRANGE key 0 -1`) on a fresh connection.
     pub fn lrange(&self, key: &str) -> Vec<String> {
         redis::cmd("LRANGE")

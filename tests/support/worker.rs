@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 /// project directory, with RUST_LOG=info unless the test sets it. Start it with
 /// [`WorkerBuilder::start`].
 #[must_use]
+#[derive(Clone)]
 pub struct WorkerBuilder {
     url: String,
     dir: Option<PathBuf>,
@@ -80,6 +81,11 @@ impl WorkerBuilder {
     /// Start it, its stdout and stderr lines collected.
     pub fn start(self) -> Worker {
         Worker::spawn(&mut self.command())
+    }
+
+    /// Start `n` workers alike (a fleet sharing one Redis and project).
+    pub fn start_many(self, n: usize) -> Vec<Worker> {
+        (0..n).map(|_| self.clone().start()).collect()
     }
 }
 
