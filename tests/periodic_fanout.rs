@@ -1,7 +1,8 @@
 //! Periodic fan-out over a member set larger than one batch, with real processes: each member
 //! gets exactly one job per tick, no Redis command the tick sends is slow (the test's own
 //! server logs every command over 20 ms in SLOWLOG; a batch takes about 1 ms), and a tick whose owner dies, or is told to
-//! stop, mid-tick is finished by a peer from the recorded progress. The jobs land in a queue no
+//! stop, mid-tick is finished by a peer from the recorded progress, or by a process started
+//! after it. The jobs land in a queue no
 //! worker processes (`marquees`). Each test owns its redis-server.
 mod support;
 
@@ -195,19 +196,20 @@ fn tick_done(redis: &RedisServer, tick: u64) -> bool {
 }
 
 /// The owner of a tick stops mid-tick (`stop` does it: SIGKILL, or TERM); a peer finishes the
-/// tick from the recorded progress and every member gets exactly one job.
-fn peer_finishes_the_tick(stop: impl Fn(&mut Worker)) -> Vec<Worker> {
+/// tick from the recorded progress and every member gets exactly one job. A `late` peer is
+/// started only once the owner has stopped (a deploy that replaces the only process).
+fn peer_finishes_the_tick(stop: impl Fn(&mut Worker), late: bool) -> Vec<Worker> {
     // One tick per hour: the test sees one tick (or two, across an hour's boundary).
     let every = 3600;
     let redis = RedisServer::start();
     let members = fill_set(&redis, 25_000);
     let p = project(every);
     // Small batches: 500 steps for 25,000 members, long enough to interrupt.
-    let mut workers = Worker::builder(&redis)
+    let fleet = Worker::builder(&redis)
         .jobs(p.path())
         .args(["-q", "default"])
-        .env("PLAYGUARD_PERIODIC_BATCH", "50")
-        .start_many(2);
+        .env("PLAYGUARD_PERIODIC_BATCH", "50");
+    let mut workers = fleet.clone().start_many(if late { 1 } else { 2 });
     let mut under_way = None;
     wait_until("a tick under way", Duration::from_secs(30), || {
         under_way = tick_under_way(&redis);
@@ -226,10 +228,13 @@ fn peer_finishes_the_tick(stop: impl Fn(&mut Worker)) -> Vec<Worker> {
         workers[at].saw("left to a peer at quiet") || !tick_done(&redis, tick),
         "the owner stopped before the tick's end"
     );
+    if late {
+        workers.push(fleet.start());
+    }
     wait_until("a peer finished the tick", Duration::from_secs(30), || {
         tick_done(&redis, tick)
     });
-    let peer = &workers[1 - at];
+    let peer = workers.iter().find(|w| w.pid() != pid).expect("a peer");
     wait_until("the peer's finishing line", Duration::from_secs(5), || {
         peer.periodic_ticks("dispatch")
             .contains(&(tick, members.len()))
@@ -242,14 +247,28 @@ fn peer_finishes_the_tick(stop: impl Fn(&mut Worker)) -> Vec<Worker> {
 
 #[test]
 fn a_peer_finishes_the_tick_of_an_owner_killed_mid_tick() {
-    peer_finishes_the_tick(|w| w.kill9());
+    peer_finishes_the_tick(|w| w.kill9(), false);
+}
+
+/// The only process is killed mid-tick and a new one starts: it finds the tick claimed,
+/// waits out the dead owner's lease and pushes the rest, each member once.
+#[test]
+fn a_process_started_after_the_owner_was_killed_finishes_its_tick() {
+    peer_finishes_the_tick(|w| w.kill9(), true);
+}
+
+/// A deploy: the only process is stopped mid-tick (it leaves the tick with its lease lapsed)
+/// and its replacement, started after it exited, finishes the tick, each member once.
+#[test]
+fn a_process_started_after_the_owner_stopped_finishes_its_tick() {
+    peer_finishes_the_tick(|w| w.stop(Duration::from_secs(20)), true);
 }
 
 /// TERM mid-tick: the owner stops between two batches and hands the rest over at once (its
 /// lease lapsed on purpose), so shutting down never waits for a long tick.
 #[test]
 fn a_peer_finishes_the_tick_of_an_owner_stopped_mid_tick() {
-    let workers = peer_finishes_the_tick(|w| w.stop(Duration::from_secs(20)));
+    let workers = peer_finishes_the_tick(|w| w.stop(Duration::from_secs(20)), false);
     assert!(
         workers.iter().any(|w| w.saw("left to a peer at quiet")),
         "the stopped owner said it left the tick"
