@@ -1,5 +1,5 @@
 //! Every subcommand opens Redis the same way and maps a failure to the same exit code, as
-//! README promises: a Redis URL that does not parse is a configuration error (exit 2), a
+//! docs/configuration.md promises: a Redis URL that does not parse is a configuration error (exit 2), a
 //! server that does not answer is 1. Each failure is one line on stderr that names the URL.
 //! Starts no server: the unreachable URL points at a loopback port nothing listens on.
 

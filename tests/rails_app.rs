@@ -1,8 +1,8 @@
 //! A real Rails 6.1 app (generated offline by Debian's `rails new` into a temp dir) enqueues
 //! with ActiveJob's Sidekiq adapter and a stub `Sidekiq::Worker`; playguard runs the jobs under
 //! foreman from the app's Procfile, next to `web:`, whose Sidekiq::Web carries the Playguard
-//! tab. Every snippet of README's "From your Rails app" section (and the tab's routes.rb) is
-//! one of the files or lines written here. Keys: `queue:myapp_playguard`,
+//! tab. Every snippet of docs/rails.md (README's "From your Rails app" points there), the
+//! tab's routes.rb included, is one of the files or lines written here. Keys: `queue:myapp_playguard`,
 //! `queue:playguard`, `schedule`, `processes` of the test's own redis-server.
 mod support;
 
@@ -46,7 +46,7 @@ const PROCFILE: &str = r#"web: bin/rails server -b 127.0.0.1 -p $PORT
 worker: playguard run -j playguard -q myapp_playguard -q playguard
 "#;
 
-/// README's "Playguard tab in the Web UI": the tab required next to sidekiq/web.
+/// docs/rails.md's "Playguard tab in the Web UI": the tab required next to sidekiq/web.
 const ROUTES: &str = r#"require "sidekiq/web"
 require "playguard/web" # registers the tab: Sidekiq::Web.register(PlayguardWeb)
 
@@ -74,7 +74,7 @@ run = ["playguard/bin/report"]
 /// The command: records what it got (class, jid, PLAYGUARD_ARGS), one line per run.
 const RECORD: &str = "#!/bin/sh\nprintf '%s\\t%s\\t%s\\n' \"$PLAYGUARD_CLASS\" \"$PLAYGUARD_JID\" \"$PLAYGUARD_ARGS\" >> tmp/playguard-runs.tsv\n";
 
-/// Around README's lines: collect what each enqueue wrote, and more argument shapes.
+/// Around docs/rails.md's lines: collect what each enqueue wrote, and more argument shapes.
 const RUNNER_PRELUDE: &str = r#"$sent = {}
 # ActiveJob's own serialization of each job's arguments, keyed by the Sidekiq jid.
 ActiveJob::Base.after_enqueue { |job| $sent[job.provider_job_id] = ActiveJob::Arguments.serialize(job.arguments) }
@@ -116,7 +116,7 @@ fn write(dir: &Path, rel: &str, content: &str) {
 }
 
 /// `rails new` with everything a job-enqueuing app does not need skipped, offline, then the
-/// README's files. Debian ships no activemodel gem, so its railtie is not required.
+/// docs/rails.md's files. Debian ships no activemodel gem, so its railtie is not required.
 fn generate_app(root: &Path) -> std::path::PathBuf {
     run(
         Command::new("rails")
@@ -183,7 +183,7 @@ fn generate_app(root: &Path) -> std::path::PathBuf {
     )
     .unwrap();
     write(&app, "Procfile", PROCFILE);
-    // README: copy ruby/playguard/ into the app's lib/playguard/, require it in the routes.
+    // docs/rails.md: copy ruby/playguard/ into the app's lib/playguard/, require it in the routes.
     for rel in ["web.rb", "views/playguard.erb"] {
         let src = project_dir().join("ruby/playguard").join(rel);
         write(
@@ -273,7 +273,7 @@ fn a_rails_app_enqueues_and_playguard_under_foreman_runs_exactly_what_activejob_
     if !rails_available() {
         return;
     }
-    let readme = std::fs::read_to_string(project_dir().join("README.md")).unwrap();
+    let guide = std::fs::read_to_string(project_dir().join("docs/rails.md")).unwrap();
     for (name, snippet) in [
         ("ReportJob", REPORT_JOB),
         ("stub worker", STUB_WORKER),
@@ -285,8 +285,8 @@ fn a_rails_app_enqueues_and_playguard_under_foreman_runs_exactly_what_activejob_
         ("routes.rb with the Playguard tab", ROUTES),
     ] {
         assert!(
-            readme.contains(snippet),
-            "README's Rails section must show the {name} this test uses:\n{snippet}"
+            guide.contains(snippet),
+            "docs/rails.md must show the {name} this test uses:\n{snippet}"
         );
     }
 
@@ -415,7 +415,7 @@ fn a_rails_app_enqueues_and_playguard_under_foreman_runs_exactly_what_activejob_
     wait_until("web answers", Duration::from_secs(60), || {
         web_status(web_port) == Some(200)
     });
-    // The Playguard tab, mounted as README says, inside the app's own Sidekiq::Web.
+    // The Playguard tab, mounted as docs/rails.md says, inside the app's own Sidekiq::Web.
     let (status, body) = web_get(web_port, "/sidekiq/playguard").expect("GET /sidekiq/playguard");
     assert_eq!(status, 200, "{body}");
     for needle in [

@@ -218,7 +218,7 @@ pub fn server_version(info: &str) -> Option<(u32, u32, u32)> {
     Some((it.next()??, it.next()??, it.next().flatten().unwrap_or(0)))
 }
 
-/// Why `check_server` refuses a server. The two exit differently (README): a server that
+/// Why `check_server` refuses a server. The two exit differently (docs/configuration.md): a server that
 /// stops answering is unreachable (exit 1), one that answers with an old version is refused
 /// by name (exit 2), so callers branch on this rather than on a message.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
 //! Why a subcommand could not start or reach what it needs, and the one map from that to the
-//! process exit code (README: 2 for what only a change of configuration or of server fixes,
+//! process exit code (docs/configuration.md: 2 for what only a change of configuration or of server fixes,
 //! 1 for a server that may answer later). Every subcommand opens Redis with `open_redis` and
 //! ends a failed start with `report`. Touches no Redis keys (a PING and, on a start, INFO).
 
