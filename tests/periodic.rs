@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use support::*;
 
-const SET: &str = "playguard:marquees:launchable";
+const SET: &str = MARQUEE_SET;
 const EVERY: u64 = 2;
 
 fn now() -> f64 {
@@ -21,21 +21,7 @@ fn now() -> f64 {
 }
 
 fn project(extra: &str) -> Project {
-    let p = Project::new();
-    p.write(
-        "jobs/periodic.toml",
-        &format!(
-            r#"
-[[periodic]]
-name = "dispatch"
-every_secs = {EVERY}
-class = "PlayguardJob"
-queue = "marquees"
-for_each_member_of = "{SET}"
-{extra}"#
-        ),
-    );
-    p
+    dispatch_project(EVERY, extra)
 }
 
 /// Every payload in `queue:<q>`, oldest first.

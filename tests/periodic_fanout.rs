@@ -12,24 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use support::*;
 
-const SET: &str = "playguard:marquees:launchable";
+const SET: &str = MARQUEE_SET;
 
 fn project(every: u64) -> Project {
-    let p = Project::new();
-    p.write(
-        "jobs/periodic.toml",
-        &format!(
-            r#"
-[[periodic]]
-name = "dispatch"
-every_secs = {every}
-class = "PlayguardJob"
-queue = "marquees"
-for_each_member_of = "{SET}"
-"#
-        ),
-    );
-    p
+    dispatch_project(every, "")
 }
 
 /// Numbers and strings alike, so the set is a hash table SSCAN walks in many steps.

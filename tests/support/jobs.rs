@@ -188,3 +188,27 @@ pub fn push_to_default(redis: &RedisServer, payloads: impl redis::ToRedisArgs) {
         .query(&mut redis.conn())
         .unwrap();
 }
+
+/// The launchable-Marquee set the periodic tests fan out over.
+pub const MARQUEE_SET: &str = "playguard:marquees:launchable";
+
+/// A project whose one `[[periodic]]` entry, `dispatch`, pushes a PlayguardJob to the
+/// `marquees` queue (which no test worker serves) for each member of [`MARQUEE_SET`] every
+/// `every` seconds; `extra` adds lines to the entry.
+pub fn dispatch_project(every: u64, extra: &str) -> Project {
+    let p = Project::new();
+    p.write(
+        "jobs/periodic.toml",
+        &format!(
+            r#"
+[[periodic]]
+name = "dispatch"
+every_secs = {every}
+class = "PlayguardJob"
+queue = "marquees"
+for_each_member_of = "{MARQUEE_SET}"
+{extra}"#
+        ),
+    );
+    p
+}
