@@ -4,14 +4,18 @@
 # host, all network namespaces named pgj* on one bridge. A seeded fault schedule runs while
 # Marquee cycles write fenced rows; check.sql gives the verdict from PostgreSQL alone.
 # Needs root (namespaces), redis-server, PostgreSQL server binaries, psql, iproute2.
-# Usage: tests/jepsen/run.sh --seconds N --fence database|redis --seed S [--marquees M] [--workers W] [--keep DIR]
+# Usage: tests/jepsen/run.sh --seconds N --fence database|redis --seed S [--recipe row|fences]
+#        [--marquees M] [--workers W] [--keep DIR]
+# --recipe row: docs/fencing.md's UPDATE ... WHERE fence <= $fence; fences: also requires
+# playguard_fences to still hold the fence (phase.sh), --fence database only.
 set -u
-SECONDS_RUN=60 FENCE=database SEED=1 MARQUEES=200 WORKERS=3 KEEP=${TMPDIR:-/tmp}/jepsen-kept
+SECONDS_RUN=60 FENCE=database SEED=1 RECIPE=row MARQUEES=200 WORKERS=3 KEEP=${TMPDIR:-/tmp}/jepsen-kept
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) SECONDS_RUN=$2; shift 2 ;;
     --fence) FENCE=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
+    --recipe) RECIPE=$2; shift 2 ;;
     --marquees) MARQUEES=$2; shift 2 ;;
     --workers) WORKERS=$2; shift 2 ;;
     --keep) KEEP=$2; shift 2 ;;
@@ -19,6 +23,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case $FENCE in database|redis) ;; *) echo "--fence database|redis" >&2; exit 2 ;; esac
+case $FENCE/$RECIPE in */row|database/fences) ;; *) echo "--recipe row, or fences with --fence database" >&2; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "run.sh needs root (it creates network namespaces)" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -128,7 +133,7 @@ start_worker() {  # worker i asks the sentinels starting with r_i's, so w1 follo
   case $i in 1) order="11 12 13" ;; 2) order="12 13 11" ;; *) order="13 11 12" ;; esac
   local url="redis-sentinel://"; for o in $order; do url="$url$NET.$o:26379,"; done
   url="${url%,}#jep"
-  (cd "$T/project" && JEPSEN_DB="$DB" JEPSEN_HOST="w$i" in_ns "w$i" "$BIN" run -r "$url" \
+  (cd "$T/project" && JEPSEN_DB="$DB" JEPSEN_HOST="w$i" JEPSEN_RECIPE="$RECIPE" in_ns "w$i" "$BIN" run -r "$url" \
     -j jobs -q marquees -c 8 -t 5 --database-url "$DB" >>"$T/w$i.log" 2>&1) &
 }
 for i in $(seq 1 "$WORKERS"); do start_worker "$i"; done
@@ -142,7 +147,7 @@ for k in 0 1 2 3; do
   at=$(( 5 + k * SLOT + RANDOM % 3 )); hold=$(( 4 + RANDOM % (SLOT - 6 > 1 ? SLOT - 6 : 1) ))
   w=$(( 1 + RANDOM % WORKERS )); PLAN+=("$at ${KINDS[$k]} $hold w$w")
 done
-say "jepsen: seed $SEED, fence $FENCE, $MARQUEES Marquees, $WORKERS workers, ${SECONDS_RUN}s"
+say "jepsen: seed $SEED, fence $FENCE, recipe $RECIPE, $MARQUEES Marquees, $WORKERS workers, ${SECONDS_RUN}s"
 say "schedule (at-second kind hold-seconds worker):"; printf '  %s\n' "${PLAN[@]}"
 
 cut() {  # blackhole routes both ways between the two sides ($1 and $2: host lists); $3 add|del
@@ -190,7 +195,7 @@ report=$(psql_db -P format=aligned -P tuples_only=off -v faults="${#PLAN[@]}" -f
 echo "$report"
 bad=$(psql_db -v faults=0 -f "$HERE/check.sql" | head -1 | awk -F'|' '{print $5 + $6 + $7}')
 if [ "$bad" != 0 ]; then
-  mkdir -p "$KEEP"; k="$KEEP/$(date -u +%Y%m%dT%H%M%S)-$FENCE-seed$SEED"; mkdir -p "$k"
+  mkdir -p "$KEEP"; k="$KEEP/$(date -u +%Y%m%dT%H%M%S)-$FENCE-$RECIPE-seed$SEED-$$"; mkdir -p "$k"
   in_ns db setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$PGBIN/pg_dump" -h "$T/pg" -U postgres postgres > "$k/history.sql"
   cp "$T"/w*.log "$k/" 2>/dev/null; printf '%s\n' "${PLAN[@]}" > "$k/schedule"
   say "INVARIANT BROKEN ($bad overlaps+regressions+lost); history kept in $k"
