@@ -159,9 +159,6 @@ pub fn decide_with(job: &Job, failure: &Failure, policy: Option<&Policy>) -> Dec
     if let Some(m) = policy.and_then(|p| p.max_retries) {
         max = m;
     }
-    if failure.verdict == Some(Verdict::Kill) {
-        max = 0;
-    }
     let max = if NEVER_RETRIED.contains(&failure.class.as_str()) {
         0
     } else {
