@@ -53,6 +53,8 @@ pub enum Exit {
     Failed {
         message: String,
         stderr_tail: Vec<String>,
+        /// Its exit code (None: ended by a signal).
+        code: Option<i32>,
     },
     /// We stopped it (deadline, lost lease, shutdown); `why` names the reason.
     Killed {
@@ -460,6 +462,7 @@ fn ended(
             Exit::Failed {
                 message,
                 stderr_tail: tail,
+                code: st.code(),
             }
         }
         None => Exit::SpawnFailed(format!(

@@ -5,6 +5,7 @@ use crate::commands::child::{self, Exit};
 use crate::job::error_class;
 use crate::job::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::job::retry::Failure;
+use crate::job::retry_policy::Verdict;
 use std::time::Duration;
 
 /// Lock facts a phase command gets.
@@ -42,19 +43,36 @@ pub fn job_env(
     env
 }
 
-/// Map a command's exit to a Failure (None on success).
+/// Map a command's exit to a Failure (None on success). A plain command's exit code may ask
+/// for a discard, a kill or a snooze (`job/retry_policy.rs`); a phase's never does.
 pub fn exit_failure(exit: Exit) -> Option<Failure> {
+    exit_failure_of(exit, false)
+}
+
+fn exit_failure_of(exit: Exit, contract: bool) -> Option<Failure> {
     match exit {
         Exit::Success => None,
         Exit::Failed {
-            message,
+            mut message,
             stderr_tail,
-        } => Some(Failure {
-            class: error_class::COMMAND_FAILED.into(),
-            message,
-            backtrace: stderr_tail.into_iter().rev().collect(),
-            phase: None,
-        }),
+            code,
+        } => {
+            let verdict = match code.filter(|_| contract) {
+                Some(c) => Verdict::of_exit(c, stderr_tail.last().map(String::as_str))
+                    .unwrap_or_else(|why| {
+                        message = why;
+                        None
+                    }),
+                None => None,
+            };
+            Some(Failure {
+                class: error_class::COMMAND_FAILED.into(),
+                message,
+                backtrace: stderr_tail.into_iter().rev().collect(),
+                phase: None,
+                verdict,
+            })
+        }
         Exit::Killed { why } => Some(Failure::new(error_class::TIMEOUT, why)),
         Exit::SpawnFailed(m) => Some(Failure::new(error_class::COMMAND_FAILED, m)),
         Exit::BadInput(m) => Some(Failure::new(crate::job::error_class::BAD_ARGUMENTS, m)),
@@ -127,7 +145,7 @@ impl Handler for CommandJob {
             if matches!(exit, Exit::Killed { .. }) && ctx.shutdown.past_deadline() {
                 return Outcome::Requeue;
             }
-            match exit_failure(exit) {
+            match exit_failure_of(exit, true) {
                 None => Outcome::Done,
                 Some(f) => Outcome::Failed(f),
             }

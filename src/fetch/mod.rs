@@ -258,7 +258,7 @@ impl FetchStrategy {
                         r.gone(job);
                     }
                     if ours {
-                        if let Record::Retry { at, .. } = record {
+                        if let Record::Retry { at, .. } | Record::Schedule { at, .. } = record {
                             self.next_due.note(at);
                         }
                         let writes = pipe.cmd_iter().next().is_some();

@@ -160,6 +160,7 @@ impl ReliableFetch {
             .key(self.working_key(&job.queue))
             .key("retry")
             .key("dead")
+            .key("schedule")
             .arg(&job.raw)
             .arg(kind)
             .arg(score)

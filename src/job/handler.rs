@@ -77,6 +77,11 @@ pub trait Handler: Send + Sync + 'static {
     fn needs_database(&self) -> bool {
         false
     }
+
+    /// The class's own failure policy (a manifest job's `retry_in`, `max_retries`).
+    fn retry_policy(&self) -> Option<Arc<crate::job::retry_policy::Policy>> {
+        None
+    }
 }
 
 struct FnHandler<F>(F);

@@ -14,3 +14,4 @@ pub mod payload;
 pub mod queues;
 pub mod report;
 pub mod retry;
+pub mod retry_policy;

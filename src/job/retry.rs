@@ -5,6 +5,8 @@
 
 use crate::job::error_class;
 use crate::job::payload::{dump, float_value, now_f64, now_value, uses_millis, Job};
+pub use crate::job::retry_policy::Verdict;
+use crate::job::retry_policy::{self, Policy};
 use base64::Engine;
 use serde_json::{Map, Value};
 use std::io::Write;
@@ -30,6 +32,8 @@ pub struct Failure {
     pub backtrace: Vec<String>,
     /// The phase a cycle failed in, for failure reports (`report/`); not written to Redis.
     pub phase: Option<String>,
+    /// What the command's exit code asked for (discard, kill, snooze), if anything.
+    pub verdict: Option<Verdict>,
 }
 
 impl Failure {
@@ -39,6 +43,7 @@ impl Failure {
             message: message.into(),
             backtrace: Vec::new(),
             phase: None,
+            verdict: None,
         }
     }
 }
@@ -89,6 +94,8 @@ pub enum Decision {
     Dead { payload: String },
     /// `retry: false`, or exhausted with `dead: false`: nothing is kept.
     Discard,
+    /// A snooze: ZADD schedule <at> <payload>, its snooze count raised, no retry counted.
+    Schedule { payload: String, at: f64 },
 }
 
 /// A failure of a class nobody registered. job_retry.rb `global` retries it only when the
@@ -113,15 +120,45 @@ pub fn max_retries(msg: &Map<String, Value>) -> Option<i64> {
 
 /// Sidekiq's backoff: count**4 + 15 + rand(10) * (count + 1) seconds.
 pub fn delay_secs(count: i64) -> f64 {
+    delay_with(count, None)
+}
+
+/// job_retry.rb `delay_for`: the class's own delay when it is > 0 (`retry_in`), else
+/// count**4 + 15; plus the jitter rand(10) * (count + 1) either way.
+fn delay_with(count: i64, own: Option<i64>) -> f64 {
     let jitter: i64 = rand::random_range(0..10);
-    (count.pow(4) + 15 + jitter * (count + 1)) as f64
+    let base = own.unwrap_or_else(|| count.saturating_pow(4).saturating_add(15));
+    base.saturating_add(jitter.saturating_mul(count + 1)) as f64
 }
 
 /// Apply Sidekiq's failure bookkeeping to the job and decide its fate.
 pub fn decide(job: &Job, failure: &Failure) -> Decision {
-    let Some(max) = max_retries(job.msg()) else {
+    decide_with(job, failure, None)
+}
+
+/// [`decide`] under a manifest job's policy, and the verdict its exit code gave.
+pub fn decide_with(job: &Job, failure: &Failure, policy: Option<&Policy>) -> Decision {
+    match failure.verdict {
+        Some(Verdict::Discard) => return Decision::Discard,
+        Some(Verdict::Snooze(secs))
+            if retry_policy::snoozes(job.msg()) < retry_policy::MAX_SNOOZES =>
+        {
+            let mut msg = job.msg().clone();
+            let n = retry_policy::snoozes(&msg) + 1;
+            msg.insert(retry_policy::SNOOZES_KEY.into(), Value::from(n));
+            return Decision::Schedule {
+                payload: dump(&msg),
+                at: now_f64() + secs as f64,
+            };
+        }
+        _ => {}
+    }
+    let Some(mut max) = max_retries(job.msg()) else {
         return Decision::Discard;
     };
+    if let Some(m) = policy.and_then(|p| p.max_retries) {
+        max = m;
+    }
     let max = if NEVER_RETRIED.contains(&failure.class.as_str()) {
         0
     } else {
@@ -131,7 +168,11 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
     let mut msg = job.msg().clone();
     // job_retry.rb `local`: a payload without `retry` gets the class default (true) written in.
     if matches!(msg.get("retry"), None | Some(Value::Null)) {
-        msg.insert("retry".into(), Value::Bool(true));
+        let class_default = match policy.and_then(|p| p.max_retries) {
+            Some(m) => Value::from(m),
+            None => Value::Bool(true),
+        };
+        msg.insert("retry".into(), class_default);
     }
     let queue = match msg.get("retry_queue").and_then(Value::as_str) {
         Some(q) => q.to_string(),
@@ -149,12 +190,16 @@ pub fn decide(job: &Job, failure: &Failure) -> Decision {
             Value::from(compress_backtrace(&lines)),
         );
     }
-    if !exhausted(&msg, count, max) {
+    let own = policy
+        .and_then(|p| p.retry_in.as_ref())
+        .and_then(|r| r.delay(count));
+    let killed = failure.verdict == Some(Verdict::Kill);
+    if !killed && !exhausted(&msg, count, max) {
         Decision::Retry {
-            at: now_f64() + delay_secs(count),
+            at: now_f64() + delay_with(count, own),
             payload: dump(&msg),
         }
-    } else if msg.get("dead") == Some(&Value::Bool(false)) {
+    } else if !killed && msg.get("dead") == Some(&Value::Bool(false)) {
         Decision::Discard
     } else {
         Decision::Dead {
@@ -215,6 +260,8 @@ pub enum Record<'a> {
     Dead(&'a [u8]),
     /// Only the acknowledgement (a discarded job).
     Nothing,
+    /// ZADD schedule at payload (a snoozed job).
+    Schedule { payload: &'a [u8], at: f64 },
 }
 
 impl Decision {
@@ -226,6 +273,10 @@ impl Decision {
             },
             Decision::Dead { payload } => Record::Dead(payload.as_bytes()),
             Decision::Discard => Record::Nothing,
+            Decision::Schedule { payload, at } => Record::Schedule {
+                payload: payload.as_bytes(),
+                at: *at,
+            },
         }
     }
 }
@@ -239,6 +290,10 @@ impl Record<'_> {
                     .ignore();
             }
             Record::Dead(payload) => add_dead(pipe, payload),
+            Record::Schedule { payload, at } => {
+                pipe.zadd("schedule", *payload, float_value(*at).to_string())
+                    .ignore();
+            }
             Record::Nothing => {}
         }
     }
@@ -253,6 +308,13 @@ impl Record<'_> {
                 ("retry", float_value(*at).to_string(), payload, oldest, rank)
             }
             Record::Dead(payload) => ("dead", float_value(now).to_string(), payload, oldest, rank),
+            Record::Schedule { payload, at } => (
+                "schedule",
+                float_value(*at).to_string(),
+                payload,
+                oldest,
+                rank,
+            ),
             Record::Nothing => ("none", String::new(), &[], oldest, rank),
         }
     }
@@ -300,7 +362,7 @@ mod tests {
             Decision::Retry { payload, .. } | Decision::Dead { payload } => {
                 serde_json::from_str(payload).unwrap()
             }
-            Decision::Discard => panic!("discarded"),
+            Decision::Discard | Decision::Schedule { .. } => panic!("not retried or dead"),
         }
     }
 

@@ -140,6 +140,7 @@ async fn run_job(
     lines.start();
     let handler = worker.registry.get(&class);
     let known = handler.is_some();
+    let policy = handler.as_ref().and_then(|h| h.retry_policy());
     // The run and its first poll stay in this future (no async step of their own): a nested
     // future per job cost some 250 instructions and two copies of it (bench/profile.sh).
     let outcome = match handler {
@@ -164,6 +165,7 @@ async fn run_job(
     let ran = Ran {
         shown: &shown,
         known,
+        policy: policy.as_deref(),
         took,
         // Rounded to 0.1 ms; logged as a number (JSON logs keep it numeric).
         elapsed_ms: (took.as_secs_f64() * 10_000.0).round() / 10.0,
@@ -190,6 +192,8 @@ struct Ran<'a> {
     shown: &'a str,
     /// Whether a handler was registered for the class.
     known: bool,
+    /// The class's own failure policy (`job/retry_policy.rs`).
+    policy: Option<&'a crate::job::retry_policy::Policy>,
     took: std::time::Duration,
     elapsed_ms: f64,
 }
@@ -314,19 +318,43 @@ fn settle<'a>(
         Outcome::Failed(failure) => {
             worker.slots.count(true);
             let decision = if ran.known {
-                retry::decide(job, &failure)
+                retry::decide_with(job, &failure, ran.policy)
             } else {
                 retry::decide_unknown_class(job, &failure)
             };
             let (fate, counted) = match &decision {
-                Decision::Retry { .. } => ("retry scheduled", JobFate::Retried),
-                Decision::Dead { .. } => ("retries exhausted: moved to dead", JobFate::Dead),
+                Decision::Retry { .. } => ("retry scheduled", Some(JobFate::Retried)),
+                Decision::Dead { .. } if failure.verdict == Some(retry::Verdict::Kill) => (
+                    "killed by its exit code: moved to dead",
+                    Some(JobFate::Dead),
+                ),
+                Decision::Dead { .. } => ("retries exhausted: moved to dead", Some(JobFate::Dead)),
+                Decision::Discard if failure.verdict == Some(retry::Verdict::Discard) => {
+                    ("discarded by its exit code", Some(JobFate::Discarded))
+                }
                 Decision::Discard => (
                     "discarded (retry: false or dead: false)",
-                    JobFate::Discarded,
+                    Some(JobFate::Discarded),
                 ),
+                // Not a failure: no retry counted, so no fate either.
+                Decision::Schedule { .. } => ("snoozed: back to schedule", None),
             };
-            worker.metrics.job_fate(ran.shown, &f.queue, counted);
+            if let Some(counted) = counted {
+                worker.metrics.job_fate(ran.shown, &f.queue, counted);
+            }
+            if let Some(v) = failure.verdict {
+                // Sidekiq 8.0 stamps `discarded_at` (ms) on a discarded job; nothing is kept
+                // here, so the line carries it.
+                let discarded_at =
+                    (v == retry::Verdict::Discard).then(|| chrono::Utc::now().timestamp_millis());
+                tracing::info!(elapsed_ms = ms, verdict = ?v, discarded_at, "{fate}");
+                if matches!(decision, Decision::Schedule { .. } | Decision::Discard) {
+                    let decision = Box::new(decision);
+                    return Some(Box::pin(async move {
+                        worker.fetch.settle(&f, decision.record()).await;
+                    }));
+                }
+            }
             tracing::warn!(elapsed_ms = ms, error_class = %failure.class,
                 error = %failure.message, "fail: {fate}");
             let report = crate::report::failed_run(job, &f.queue, failure, &decision, ran.known);

@@ -2,12 +2,14 @@
 //! worker (or `playguard check`) goes on: every command exists, there is at least one job
 //! class, and classes with `fence = "database"` have a database URL. Touches no Redis keys
 //! and no tables. Errors are one-line configuration errors (exit 2); nothing branches on them.
+//! Attaches each job's failure policy (`job/retry_policy.rs`) to its handler.
 //! Also hands the failure reporter its hooks and the classes that opted in to `report_args`.
 
 use crate::cycle::fences::FenceSource;
 use crate::cycle::reconcile::{CommandPhase, Cycle, LockConfig, Phase};
-use crate::job::handler::Handler;
 use crate::job::handler::Registry;
+use crate::job::handler::{BoxFuture, Handler, Outcome};
+use crate::job::retry_policy::Policy;
 use crate::manifest::{JobSpec, Manifest};
 use std::path::Path;
 use std::sync::Arc;
@@ -42,18 +44,23 @@ pub fn load_manifest(dir: &Path, registry: &Registry) -> Result<Manifest, String
 /// Register a command or phased job for every manifest entry.
 pub fn register_manifest(registry: &mut Registry, manifest: &Manifest) {
     for j in &manifest.jobs {
-        if j.phases.is_empty() {
-            registry.register(
-                j.class.clone(),
-                crate::commands::command_job::CommandJob {
-                    argv: j.run.clone().unwrap_or_default(),
-                    timeout: j.timeout_secs.map(Duration::from_secs),
-                    inherit: j.env.clone(),
-                },
-            );
+        let handler: Arc<dyn Handler> = if j.phases.is_empty() {
+            Arc::new(crate::commands::command_job::CommandJob {
+                argv: j.run.clone().unwrap_or_default(),
+                timeout: j.timeout_secs.map(Duration::from_secs),
+                inherit: j.env.clone(),
+            })
         } else {
-            registry.register_arc(j.class.clone(), reconcile_cycle(j));
-        }
+            reconcile_cycle(j)
+        };
+        let handler = match &j.policy {
+            Some(p) => Arc::new(WithPolicy {
+                inner: handler,
+                policy: Arc::new(p.clone()),
+            }),
+            None => handler,
+        };
+        registry.register_arc(j.class.clone(), handler);
     }
 }
 
@@ -134,9 +141,39 @@ pub fn hooks(manifest: &Manifest) -> Vec<crate::report::hooks::Hook> {
                 timeout: h
                     .timeout_secs
                     .map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64),
+                class: None,
             })
         })
+        .chain(manifest.jobs.iter().filter_map(|j| {
+            Some(Hook {
+                on: On::Death,
+                argv: j.on_exhausted.clone()?,
+                timeout: DEFAULT_TIMEOUT,
+                class: Some(j.class.clone()),
+            })
+        }))
         .collect()
+}
+
+/// A manifest job's handler with its failure policy (`retry_in`, `max_retries`) attached.
+struct WithPolicy {
+    inner: Arc<dyn Handler>,
+    policy: Arc<Policy>,
+}
+
+impl Handler for WithPolicy {
+    fn perform(&self, ctx: crate::job::handler::JobContext) -> BoxFuture<'static, Outcome> {
+        self.inner.perform(ctx)
+    }
+    fn stops_itself(&self) -> bool {
+        self.inner.stops_itself()
+    }
+    fn needs_database(&self) -> bool {
+        self.inner.needs_database()
+    }
+    fn retry_policy(&self) -> Option<Arc<Policy>> {
+        Some(self.policy.clone())
+    }
 }
 
 /// The classes whose Sentry events may carry their `args` (`report_args = true`).

@@ -7,6 +7,9 @@
 //! run = ["jobs/bin/hard-job"]      # argv, never a shell string
 //! timeout_secs = 60                # optional
 //! env = ["PATH", "HOME"]           # optional: the worker's variables it gets (default: all)
+//! retry_in = [10, 60, 600]         # optional: or "count ** 4 + 15" (job/retry_policy.rs)
+//! max_retries = 5                  # optional: replaces the payload's `retry` count
+//! on_exhausted = ["jobs/bin/gave-up"]  # optional: run with the job when it dies
 //!
 //! [[job]]
 //! class = "PlayguardJob"
@@ -68,6 +71,18 @@ pub struct JobSpec {
     /// Whether failure events to Sentry carry the job's `args` (they may hold personal data).
     #[serde(default)]
     pub report_args: bool,
+    /// Seconds before each retry: a list by retry count, or an expression of `count`.
+    #[serde(default)]
+    pub retry_in: Option<toml::Value>,
+    /// Replaces the payload's `retry` count (as Ruby's `sidekiq_options retry:`).
+    #[serde(default)]
+    pub max_retries: Option<i64>,
+    /// A command run with the job when it dies (`sidekiq_retries_exhausted`), as a `death` hook.
+    #[serde(default)]
+    pub on_exhausted: Option<Vec<String>>,
+    /// `retry_in` and `max_retries`, checked when the manifest is loaded.
+    #[serde(skip)]
+    pub policy: Option<crate::job::retry_policy::Policy>,
 }
 
 /// A `[[hook]]` entry: a command run on a failure event (`report/hooks.rs`).
@@ -200,6 +215,7 @@ impl Manifest {
                 j.file = path.display().to_string();
                 let entry = format!("[[job]] #{} (class {:?})", i + 1, j.class);
                 validate_job(&j).map_err(|msg| err(&path, &entry, msg))?;
+                j.policy = failure_policy(&j).map_err(|msg| err(&path, &entry, msg))?;
                 if let Some(prev) = seen.insert(j.class.clone(), path.display().to_string()) {
                     return Err(err(
                         &path,
@@ -238,6 +254,10 @@ impl Manifest {
                     .map(|p| (p.run.as_slice(), format!("phase {:?}", p.name)))
                     .collect(),
             };
+            let mut argvs = argvs;
+            if let Some(argv) = &j.on_exhausted {
+                argvs.push((argv.as_slice(), "on_exhausted".to_string()));
+            }
             Self::check_programs(&j.file, &format!("[[job]] (class {:?})", j.class), argvs)?;
         }
         for h in &self.hooks {
@@ -381,6 +401,28 @@ fn validate_job(j: &JobSpec) -> Result<(), String> {
         return Err("[[job.phase]] entries need a `lock` (key, ttl_secs) to run under".into());
     }
     Ok(())
+}
+
+/// A job's `retry_in`, `max_retries` and `on_exhausted`, checked; None when it sets neither
+/// of the first two.
+fn failure_policy(j: &JobSpec) -> Result<Option<crate::job::retry_policy::Policy>, String> {
+    if let Some(argv) = &j.on_exhausted {
+        validate_argv("on_exhausted", argv)?;
+    }
+    if matches!(j.max_retries, Some(n) if n < 0) {
+        return Err("max_retries must be >= 0".into());
+    }
+    if j.retry_in.is_none() && j.max_retries.is_none() {
+        return Ok(None);
+    }
+    Ok(Some(crate::job::retry_policy::Policy {
+        retry_in: j
+            .retry_in
+            .as_ref()
+            .map(crate::job::retry_policy::RetryIn::parse)
+            .transpose()?,
+        max_retries: j.max_retries,
+    }))
 }
 
 fn validate_hook(h: &HookSpec) -> Result<(), String> {

@@ -3,7 +3,8 @@
 //! Each gets `{"job": <payload>, "error": {...}, "event": "<on>"}` on stdin, argv only, and
 //! runs through the worker's command guardian (`commands/child.rs`) on a task of its own, so
 //! no job's slot waits for it. A hook that fails or times out is logged, never retried, and
-//! never changes the job's outcome. Touches no Redis keys.
+//! never changes the job's outcome. A `[[job]]`'s `on_exhausted` is a `death` hook for that
+//! class only (Ruby's `sidekiq_retries_exhausted`). Touches no Redis keys.
 
 use crate::commands::child::{self, Exit};
 use crate::job::report::{Kind, Report};
@@ -70,6 +71,8 @@ pub struct Hook {
     pub on: On,
     pub argv: Vec<String>,
     pub timeout: Duration,
+    /// Only for this class's jobs (a `[[job]]`'s `on_exhausted`, run on its deaths).
+    pub class: Option<String>,
 }
 
 /// The hooks of a worker, and how many of them are running or waiting.
@@ -93,10 +96,13 @@ impl Hooks {
     /// Start the hooks this report fires, each on a task of its own; returns at once.
     pub fn fire(&self, r: &Report) {
         let events = On::of(r);
+        let job = job_value(&r.payload);
+        let class = crate::report::to_sentry::class_of(&job);
         let chosen: Vec<&Arc<Hook>> = self
             .list
             .iter()
             .filter(|h| events.contains(&h.on))
+            .filter(|h| h.class.as_ref().is_none_or(|c| *c == class))
             .collect();
         if chosen.is_empty() {
             return;
@@ -105,7 +111,6 @@ impl Hooks {
             tracing::warn!("failure hooks not run: no runtime");
             return;
         };
-        let job = job_value(&r.payload);
         for hook in chosen {
             if self.in_flight.fetch_add(1, Ordering::SeqCst) >= MAX_IN_FLIGHT {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);

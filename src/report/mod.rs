@@ -90,12 +90,16 @@ pub fn failed_run(
     known: bool,
 ) -> Report {
     let payload = match decision {
-        Decision::Retry { payload, .. } | Decision::Dead { payload } => payload.clone(),
+        Decision::Retry { payload, .. }
+        | Decision::Dead { payload }
+        | Decision::Schedule { payload, .. } => payload.clone(),
         Decision::Discard => job.raw.to_string(),
     };
+    // Discarded by its exit code: dropped on purpose, no death (`job/retry_policy.rs`).
+    let discarded = error.verdict == Some(retry::Verdict::Discard);
     Report {
         kind: Kind::Failure,
-        died: died(job, decision, known),
+        died: !discarded && died(job, decision, known),
         queue: queue.clone(),
         payload,
         phase: error.phase.clone(),
@@ -110,7 +114,7 @@ fn died(job: &Job, decision: &Decision, known: bool) -> bool {
     let msg = job.msg();
     match decision {
         Decision::Dead { .. } => true,
-        Decision::Retry { .. } => false,
+        Decision::Retry { .. } | Decision::Schedule { .. } => false,
         Decision::Discard => {
             msg.get("dead") == Some(&Value::Bool(false))
                 && retry::max_retries(msg).is_some()
