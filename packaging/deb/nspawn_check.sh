@@ -85,7 +85,7 @@ if [ ! -s "$tarball" ]; then
   mv "$tarball.part" "$tarball"
 fi
 tar -C "$root" -xf "$tarball"
-cp "$deb" "$root/root/playguard.deb"
+cp "$deb" "$root/var/tmp/playguard.deb"
 
 # The app: one slow command job, run as the service user in the unit's WorkingDirectory.
 mkdir -p "$root/srv/app/jobs/bin"
@@ -95,7 +95,7 @@ printf '#!/bin/sh\necho "start $$" >> ledger.log\nsleep 300\necho "end $$" >> le
 chmod 755 "$root/srv/app/jobs/bin/slow"
 log "installing $(basename "$deb") in the rootfs"
 systemd-nspawn -q -D "$root" --private-network --register=no --keep-unit sh -c \
-  'dpkg -i /root/playguard.deb && chown -R playguard:playguard /srv/app'
+  'dpkg -i /var/tmp/playguard.deb && chown -R playguard:playguard /srv/app'
 sed -i 's/^#\?REDIS_URL=.*/REDIS_URL=redis:\/\/127.0.0.1:6379\/0/' "$root/etc/default/playguard"
 sed -i "s/^PLAYGUARD_ARGS=.*/PLAYGUARD_ARGS=-q default -c 2 -t $stop_t --metrics-addr 127.0.0.1:9394/" \
   "$root/etc/default/playguard"
