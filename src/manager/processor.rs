@@ -322,23 +322,7 @@ fn settle<'a>(
             } else {
                 retry::decide_unknown_class(job, &failure)
             };
-            let (fate, counted) = match &decision {
-                Decision::Retry { .. } => ("retry scheduled", Some(JobFate::Retried)),
-                Decision::Dead { .. } if failure.verdict == Some(retry::Verdict::Kill) => (
-                    "killed by its exit code: moved to dead",
-                    Some(JobFate::Dead),
-                ),
-                Decision::Dead { .. } => ("retries exhausted: moved to dead", Some(JobFate::Dead)),
-                Decision::Discard if failure.verdict == Some(retry::Verdict::Discard) => {
-                    ("discarded by its exit code", Some(JobFate::Discarded))
-                }
-                Decision::Discard => (
-                    "discarded (retry: false or dead: false)",
-                    Some(JobFate::Discarded),
-                ),
-                // Not a failure: no retry counted, so no fate either.
-                Decision::Schedule { .. } => ("snoozed: back to schedule", None),
-            };
+            let (fate, counted) = fate_of(&decision, &failure);
             if let Some(counted) = counted {
                 worker.metrics.job_fate(ran.shown, &f.queue, counted);
             }
@@ -386,6 +370,27 @@ fn settle<'a>(
             }
             Some(interrupted(worker, f, job, ms))
         }
+    }
+}
+
+/// What a failed job's line says it came to, and the fate it is counted as (none: snoozed).
+fn fate_of(decision: &Decision, failure: &Failure) -> (&'static str, Option<JobFate>) {
+    match decision {
+        Decision::Retry { .. } => ("retry scheduled", Some(JobFate::Retried)),
+        Decision::Dead { .. } if failure.verdict == Some(retry::Verdict::Kill) => (
+            "killed by its exit code: moved to dead",
+            Some(JobFate::Dead),
+        ),
+        Decision::Dead { .. } => ("retries exhausted: moved to dead", Some(JobFate::Dead)),
+        Decision::Discard if failure.verdict == Some(retry::Verdict::Discard) => {
+            ("discarded by its exit code", Some(JobFate::Discarded))
+        }
+        Decision::Discard => (
+            "discarded (retry: false or dead: false)",
+            Some(JobFate::Discarded),
+        ),
+        // Not a failure: no retry counted, so no fate either.
+        Decision::Schedule { .. } => ("snoozed: back to schedule", None),
     }
 }
 
