@@ -10,7 +10,8 @@
 #   3. `systemctl kill --kill-whom=main -s TSTP playguard` quiets it, nothing else stops: the Busy page's `quiet` is true, /ready 503;
 #   4. a SIGSTOPped worker misses its watchdog, systemd kills and restarts it, and the
 #      restarted worker runs the job again (recovered from the dead one's working list);
-#   5. `journalctl -u playguard` carries PRIORITY and SYSLOG_IDENTIFIER=playguard.
+#   5. `journalctl -u playguard` carries SYSLOG_IDENTIFIER=playguard and each line's level as
+#      PRIORITY (an unparseable payload's ERROR line is PRIORITY=3).
 # Every step has a deadline, the whole run a time bound (NSPAWN_LIMIT seconds, default 600),
 # and the machine is powered off and its rootfs removed on every exit, failures included.
 # The rootfs tarball is cached in NSPAWN_CACHE (default ~/.cache/playguard-nspawn); the first
@@ -175,6 +176,11 @@ echo "ledger: $(tr '\n' ' ' < "$ledger")"
 inm journalctl -u playguard --no-pager -o cat | grep -iE 'recover' | tail -3
 
 log "5. journal fields"
+# An unparseable payload: playguard keeps it in dead with an ERROR line, which must reach the
+# journal as PRIORITY=3 (src/logging/journal.rs writes the <3> prefix journald reads).
+rcli LPUSH queue:default '{not json' >/dev/null
+wait_for 20 "ERROR line at PRIORITY=3 in the journal" sh -c \
+  "nsenter -t $leader -a journalctl -u playguard -o export --no-pager _COMM=playguard | grep -qx PRIORITY=3"
 inm journalctl -u playguard -o verbose --no-pager _COMM=playguard | \
   grep -E '^ *(PRIORITY|SYSLOG_IDENTIFIER|MESSAGE)=' | tail -9
 prios=$(inm journalctl -u playguard -o export --no-pager _COMM=playguard | sed -n 's/^PRIORITY=//p' | sort | uniq -c | tr '\n' ' ')

@@ -86,6 +86,7 @@ fn write_line(out: impl FnOnce(&[u8]), prefix: &str, msg: &str, elapsed_ms: Opti
     LINE.with(|l| {
         let mut l = l.borrow_mut();
         l.clear();
+        l.push_str(crate::logging::journal::prefix(tracing::Level::INFO));
         let _ = crate::logging::timestamp::write_timestamp(&mut *l);
         l.push_str("  INFO ");
         l.push_str(prefix);

@@ -4,6 +4,7 @@
 //! (default `info`). Touches no Redis keys.
 
 pub mod job_lines;
+pub mod journal;
 pub mod scope;
 #[cfg(test)]
 pub mod test_lines;
@@ -92,6 +93,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
+    w.write_str(journal::prefix(*event.metadata().level()))?;
     let mut map = Map::new();
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     map.insert("timestamp".into(), Value::from(now));
@@ -136,6 +138,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
+    w.write_str(journal::prefix(*event.metadata().level()))?;
     timestamp::write_timestamp(&mut w)?;
     w.write_str(match *event.metadata().level() {
         tracing::Level::ERROR => " ERROR ",
@@ -283,6 +286,7 @@ pub enum LogFormat {
 
 pub fn init(format: LogFormat) -> crate::logging::writer::Guard {
     let json = format == LogFormat::Json;
+    journal::detect();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let (writer, guard) = crate::logging::writer::start(std::io::stdout());
     if !json {
