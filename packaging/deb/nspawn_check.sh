@@ -78,10 +78,15 @@ secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 
 # The rootfs: cached tarball, else mmdebstrap from Debian's mirror.
 tarball=$cache/bookworm.tar
+# A directory left there by an earlier version of this script is not a cache.
+[ -d "$tarball" ] && rm -rf "$tarball"
 if [ ! -s "$tarball" ]; then
-  mkdir -p "$cache"
+  mkdir -p "$cache"; rm -rf "$tarball.part"
   log "mmdebstrap bookworm -> $tarball"
-  mmdebstrap --variant=minbase --include=systemd,systemd-sysv,dbus,redis-server,curl,procps \
+  # --format=tar: mmdebstrap picks the format from the target's name, and ".part" is none it
+  # knows, so without it the first run on a fresh machine wrote a directory (seen in .ci/run).
+  mmdebstrap --variant=minbase --format=tar \
+    --include=systemd,systemd-sysv,dbus,redis-server,curl,procps \
     bookworm "$tarball.part" http://deb.debian.org/debian
   mv "$tarball.part" "$tarball"
 fi
