@@ -188,9 +188,9 @@ wait_for 20 "ERROR line at PRIORITY=3 in the journal" sh -c \
   "nsenter -t $leader -a journalctl -u playguard -o export --no-pager _COMM=playguard | grep -qx PRIORITY=3"
 inm journalctl -u playguard -o verbose --no-pager _COMM=playguard | \
   grep -E '^ *(PRIORITY|SYSLOG_IDENTIFIER|MESSAGE)=' | tail -9
-prios=$(inm journalctl -u playguard -o export --no-pager _COMM=playguard | sed -n 's/^PRIORITY=//p' | sort | uniq -c | tr '\n' ' ')
-echo "PRIORITY counts among playguard's own lines: $prios"
-# Captured first: grep -q would close the pipe early and pipefail would count journalctl's EPIPE.
+# Captured once: grep -q would close the pipe early and pipefail would count journalctl's EPIPE.
 export_lines=$(inm journalctl -u playguard -o export --no-pager _COMM=playguard)
+prios=$(sed -n 's/^PRIORITY=//p' <<< "$export_lines" | sort | uniq -c | tr '\n' ' ')
+echo "PRIORITY counts among playguard's own lines: $prios"
 grep -qx 'SYSLOG_IDENTIFIER=playguard' <<< "$export_lines" || fail "no SYSLOG_IDENTIFIER=playguard"
 inm systemctl stop playguard
