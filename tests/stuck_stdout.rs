@@ -34,7 +34,7 @@ fn jobs_run_on_while_stdout_is_not_read_and_the_drop_is_reported() {
     // 60,000 lines of 200 bytes: each is a log line of the worker's, far past its buffer.
     p.script(
         "jobs/bin/noisy",
-        "#!/bin/sh\nyes 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' | head -n 60000\n",
+        "#!/bin/sh\nyes 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' | head -n 60000\necho \"$PLAYGUARD_JID\" > noisy.done\n",
     );
     p.script("jobs/bin/quiet", RECORD_JID);
     p.write(
@@ -65,6 +65,14 @@ fn jobs_run_on_while_stdout_is_not_read_and_the_drop_is_reported() {
     wait_until("the queue drained", Duration::from_secs(60), || {
         redis.llen("queue:default") == 0
     });
+    // The noisy job has printed its last line only once the worker read (and logged, or
+    // dropped) all but a pipe's worth of the rest. Without this wait a noisy job that started
+    // late (a loaded machine) printed into a stdout already being read: nothing dropped.
+    wait_until(
+        "the noisy job printed all its lines",
+        Duration::from_secs(120),
+        || p.path().join("noisy.done").exists(),
+    );
     // Read stdout again: the writer catches up and reports the drop.
     let (tx, rx) = std::sync::mpsc::channel();
     let out = w.0.stdout.take().unwrap();
