@@ -574,3 +574,40 @@ fn a_planned_failover_runs_at_most_five_jobs_twice() {
 fn a_killed_primary_reruns_only_what_it_never_replicated() {
     reruns_across_a_failover(true);
 }
+
+/// A locked class on the Redis fence store (no `fence =`, the default) on a replicated Redis:
+/// `check` and the start line say a failover can let a stale holder's write land and name
+/// `fence = "database"`; a lone server gets no such warning (tests/jepsen measured why).
+#[test]
+fn redis_fences_on_a_replicated_redis_are_warned_about() {
+    let primary = RedisServer::start();
+    let p = project();
+    let check = |url: &str| {
+        output_text(
+            &std::process::Command::new(bin())
+                .args(["check", "-r", url])
+                .current_dir(p.path())
+                .output()
+                .unwrap(),
+        )
+    };
+    let alone = check(&primary.url());
+    assert!(
+        alone.starts_with("ok:") && !alone.contains("warning:"),
+        "{alone}"
+    );
+    let port = primary.port.to_string();
+    let _replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+    wait_until("the replica attached", Duration::from_secs(20), || {
+        info(&mut primary.conn(), "replication").contains("connected_slaves:1")
+    });
+    let text = check(&primary.url());
+    assert!(
+        text.contains(
+            "warning: 1 locked class(es) (PlayguardJob) take their fences from Redis, which is a primary with 1 replica(s)"
+        ) && text.contains("set fence = \"database\""),
+        "{text}"
+    );
+    let w = Worker::builder(&primary).jobs(p.path()).start();
+    w.wait_for_line("take their fences from Redis", Duration::from_secs(20));
+}

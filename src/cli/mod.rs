@@ -430,14 +430,16 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
     let res = runtime().block_on(async {
         let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
         let version = redis_version(&mut conn, &url).await?;
-        Ok::<_, StartError>(match conn.primary() {
+        let replicated = crate::worker::fence_advice::replication(&mut conn).await;
+        let version = match conn.primary() {
             Some(p) => format!("{version} (primary {p})"),
             None => version,
-        })
+        };
+        Ok::<_, StartError>((version, replicated))
     });
     match res {
         Err(e) => report(&e),
-        Ok(version) => {
+        Ok((version, replicated)) => {
             println!(
                 "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {url} answers",
                 m.jobs.len(),
@@ -449,6 +451,10 @@ fn check(a: CheckArgs, registry: &Registry) -> i32 {
                 println!("ok: {line}");
             }
             print_schedules(&m.periodic);
+            let classes = crate::worker::fence_advice::on_redis_fences(&m);
+            if let Some(w) = crate::worker::fence_advice::advice(&classes, replicated.as_deref()) {
+                println!("warning: {w}");
+            }
             0
         }
     }

@@ -257,6 +257,7 @@ async fn build(
     let url = crate::connections::redact::url(&config.redis_url);
     let (_, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
     let version = redis_version(&mut conn, &url).await?;
+    let replicated = crate::worker::fence_advice::replication(&mut conn).await;
     // Behind sentinels, the start line names the primary they led us to.
     let version = match conn.primary() {
         Some(p) => format!("{version} at primary {p}"),
@@ -295,6 +296,10 @@ async fn build(
     tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
         queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
         classes = %worker.registry.classes().join(","), "playguard starting");
+    let redis_fenced = crate::worker::fence_advice::on_redis_fences(&manifest);
+    if let Some(w) = crate::worker::fence_advice::advice(&redis_fenced, replicated.as_deref()) {
+        tracing::warn!("{w}");
+    }
     Ok((worker, manifest.periodic))
 }
 

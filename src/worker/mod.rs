@@ -5,6 +5,7 @@
 pub mod config;
 pub mod erb;
 pub mod error;
+pub mod fence_advice;
 
 use crate::connections::redis_conn::Conn;
 use crate::fetch::FetchStrategy;
