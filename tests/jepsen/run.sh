@@ -6,12 +6,13 @@
 # Needs root (namespaces), redis-server, PostgreSQL server binaries, psql, iproute2.
 # Usage: tests/jepsen/run.sh --seconds N --fence database|redis --seed S [--recipe row|fences]
 #        [--marquees M] [--workers W] [--server redis|valkey] [--rate R] [--faults k1,k2,..]
+#        [--rounds N] (the fault list N times over)
 #        [--keep DIR]
 # --recipe row: docs/fencing.md's UPDATE ... WHERE fence <= $fence; fences: also requires
 # playguard_fences to still hold the fence (phase.sh), --fence database only.
 set -u
 SECONDS_RUN=60 FENCE=database SEED=1 RECIPE=row MARQUEES=200 WORKERS=3 KEEP=${TMPDIR:-/tmp}/jepsen-kept
-SERVER=redis RATE=5 FAULTS=partition,kill-primary,failover,pause-worker,netem,clock-redis,clock-worker
+ROUNDS=1 SERVER=redis RATE=5 FAULTS=partition,kill-primary,failover,pause-worker,netem,clock-redis,clock-worker
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) SECONDS_RUN=$2; shift 2 ;;
@@ -24,6 +25,7 @@ while [ $# -gt 0 ]; do
     --server) SERVER=$2; shift 2 ;;
     --rate) RATE=$2; shift 2 ;;
     --faults) FAULTS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -101,9 +103,11 @@ start_redis() {  # $1 = r1|r2|r3; a restarted server comes up empty and Sentinel
   local n=$1 a; a=$(addr "$n"); mkdir -p "$T/$n"
   local extra=(); [ "$n" != r1 ] && [ ! -e "$T/$n/started" ] && extra=(--replicaof "$NET.11" 6379)
   touch "$T/$n/started"; [ -e "$T/$n/clock" ] || echo +0 > "$T/$n/clock"
-  in_ns "$n" env LD_PRELOAD="$T/clockshift.so" CLOCKSHIFT_FILE="$T/$n/clock" "$SRV" --port 6379 --bind "$a" --protected-mode no --save '' --appendonly no \
+  ( in_ns "$n" env LD_PRELOAD="$T/clockshift.so" CLOCKSHIFT_FILE="$T/$n/clock" "$SRV" --port 6379 --bind "$a" --protected-mode no --save '' --appendonly no \
     --dir "$T/$n" "${extra[@]}" >>"$T/$n/redis.log" 2>&1 &
-  echo $! > "$T/$n/redis.pid"   # ip netns exec execs in place: this is redis-server's PID
+  # ip netns exec and env exec in place: this is redis-server's PID. In a subshell, so its
+  # SIGKILL is not reported as a job of this script.
+  echo $! > "$T/$n/redis.pid" )
 }
 for n in r1 r2 r3; do start_redis "$n"; done
 for n in r1 r2 r3; do
@@ -177,7 +181,9 @@ start_worker() {  # worker i asks the sentinels starting with r_i's, so w1 follo
 for i in $(seq 1 "$WORKERS"); do start_worker "$i"; done
 
 # --- the fault schedule: seeded, printed before it runs --------------------------------------
-IFS=, read -r -a KINDS <<< "$FAULTS"; NK=${#KINDS[@]}
+# Each round runs every kind once, in a seeded order.
+IFS=, read -r -a ONE <<< "$FAULTS"; KINDS=()
+for _ in $(seq 1 "$ROUNDS"); do KINDS+=("${ONE[@]}"); done; NK=${#KINDS[@]}
 for k in "${KINDS[@]}"; do case $k in
   partition|kill-primary|failover|pause-worker|netem|clock-redis|clock-worker) ;;
   *) echo "unknown fault $k" >&2; exit 2 ;; esac; done
