@@ -1,6 +1,7 @@
 //! A Sentry-compatible HTTP listener on loopback: it accepts what the real `sentry` crate
 //! sends to `POST /api/<project>/envelope/`, answers 200, and keeps every envelope's items
-//! decoded (the envelope header line, then each item's header and payload, by its `length`).
+//! decoded (the envelope header line, then each item's header and payload, by its `length`;
+//! a gzip'd body, as sentry-ruby sends a large one, is unzipped first).
 //! Point `SENTRY_DSN` at [`SentryListener::dsn`].
 
 use serde_json::Value;
@@ -76,7 +77,7 @@ fn serve(conn: TcpStream, kept: &Items) {
             return;
         }
         let path = start.split_whitespace().nth(1).unwrap_or("").to_string();
-        let (mut length, mut auth) = (0usize, String::new());
+        let (mut length, mut auth, mut gzip) = (0usize, String::new(), false);
         loop {
             let mut h = String::new();
             if r.read_line(&mut h).unwrap_or(0) == 0 {
@@ -90,12 +91,23 @@ fn serve(conn: TcpStream, kept: &Items) {
             match k.to_ascii_lowercase().as_str() {
                 "content-length" => length = v.trim().parse().unwrap_or(0),
                 "x-sentry-auth" => auth = v.trim().to_string(),
+                "content-encoding" => gzip = v.trim().eq_ignore_ascii_case("gzip"),
                 _ => {}
             }
         }
         let mut body = vec![0u8; length];
         if r.read_exact(&mut body).is_err() {
             return;
+        }
+        if gzip {
+            let mut plain = Vec::new();
+            if flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut plain)
+                .is_err()
+            {
+                return;
+            }
+            body = plain;
         }
         for (header, payload) in envelope_items(&body) {
             kept.lock()
