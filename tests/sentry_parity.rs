@@ -44,9 +44,17 @@ const MANIFEST: &str =
 const FAIL: &str = "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\nexit 1\n";
 
 /// A first failure (tags, a Sentry user as sentry-sidekiq's client middleware adds it), and a
-/// job already retried once (its failure fields as Sidekiq wrote them).
-const FRESH: &str = r#"{"class":"FailJob","args":["a",1],"retry":3,"queue":"default","jid":"aaaaaaaaaaaaaaaaaaaaaaa1","created_at":1796660000.5,"enqueued_at":1796660001.25,"tags":["alpha","beta"],"sentry_user":{"id":"42","username":"ada"}}"#;
+/// job already retried once (its failure fields as Sidekiq wrote them), whose argument `PAD`
+/// makes ({"k": "v" * PAD}, [`payloads`]) sentry-ruby gzip its event (it does past 30 kB).
+const FRESH: &str = r#"{"class":"FailJob","args":["a",1],"retry":3,"queue":"default","jid":"aaaaaaaaaaaaaaaaaaaaaaa1","created_at":1796660000.5,"enqueued_at":1796660001.25,"tags":["alpha","beta"],"sentry_user":{"id":42,"username":"ada"}}"#;
+const PAD: usize = 40_000;
 const AGAIN: &str = r#"{"class":"AgainJob","args":[{"k":"v"}],"retry":5,"queue":"default","jid":"bbbbbbbbbbbbbbbbbbbbbbb2","created_at":1796660000.5,"enqueued_at":1796660004.5,"error_message":"disk was full","error_class":"Playguard::CommandFailed","failed_at":1796660002.5,"retry_count":1,"retried_at":1796660003.5}"#;
+
+/// FRESH and AGAIN (padded), byte for byte the same for both runs.
+fn payloads() -> Vec<String> {
+    let pad = format!("\"{}\"", "v".repeat(PAD));
+    vec![FRESH.to_string(), AGAIN.replace("\"v\"", &pad)]
+}
 
 /// What playguard's event has that sentry-sidekiq's has not, or has otherwise, on purpose
 /// (docs/failures.md, "Compared with sentry-sidekiq"): (path, how it differs).
@@ -114,7 +122,7 @@ fn ruby_events() -> BTreeMap<String, Value> {
     let sentry = SentryListener::start();
     let p = Project::new();
     let app = p.write("app.rb", APP_RB);
-    push_to_default(&redis, vec![FRESH, AGAIN]);
+    push_to_default(&redis, payloads());
     let log = std::fs::File::create(p.path().join("sidekiq.log")).unwrap();
     let mut sidekiq = Command::new("sidekiq")
         .args(["-r".as_ref(), app.as_os_str()])
@@ -139,6 +147,7 @@ fn ruby_events() -> BTreeMap<String, Value> {
     if got.is_err() {
         panic!("sidekiq's log:\n{}", p.read("sidekiq.log"));
     }
+    assert!(sentry.gzipped() >= 1, "the padded job's event came gzip'd");
     by_jid(sentry.events())
 }
 
@@ -154,7 +163,7 @@ fn playguard_events() -> BTreeMap<String, Value> {
         b = b.env(k, v);
     }
     let mut w = b.start();
-    push_to_default(&redis, vec![FRESH, AGAIN]);
+    push_to_default(&redis, payloads());
     wait_until("both jobs in the retry set", PATIENCE, || {
         redis.zcard("retry") == 2
     });
@@ -201,8 +210,8 @@ fn differences(ruby: &Value, ours: &Value) -> Vec<(String, &'static str, Value, 
 }
 
 /// An event as dotted paths to its leaves (arrays are leaves, but the exception's values are
-/// walked), normalised: what is not compared left out, tags as the strings Sentry stores (a
-/// boolean tag is shown as "true"), an absent level as the protocol's default (error), an
+/// walked), normalised: what is not compared left out, tags and the user's id as the strings
+/// Sentry stores (a boolean tag is shown as "true", a numeric id as its digits), an absent level as the protocol's default (error), an
 /// empty message as none.
 fn leaves(e: &Value) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
@@ -215,7 +224,7 @@ fn leaves(e: &Value) -> BTreeMap<String, Value> {
                 && (p.contains(".stacktrace") || p.ends_with(".thread_id")))
     });
     for (p, v) in out.iter_mut() {
-        if p.starts_with("tags.") && !v.is_string() {
+        if (p.starts_with("tags.") || p == "user.id") && !v.is_string() {
             *v = Value::from(v.to_string());
         }
     }

@@ -1,11 +1,14 @@
 //! Failure events to Sentry (or any service that speaks its protocol), through the `sentry`
 //! crate's own client: on when `SENTRY_DSN` is set, with `SENTRY_ENVIRONMENT` and
 //! `SENTRY_RELEASE` read as sentry-ruby reads them. An event carries what sentry-sidekiq
-//! gives a job's error: the transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and
-//! `sidekiq.<tag>` for the payload's `tags`), the `sidekiq` context (the payload with its
-//! queue), plus playguard's own: the event (`failure`, `death`, `poison`, `lock_lost`), the
-//! phase, the command's last stderr lines. `args` leave only for classes whose manifest entry
-//! says `report_args = true`. Grouped by class and error class (the fingerprint). The crate
+//! gives a job's error (tests/sentry_parity.rs compares the two field by field): the
+//! transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and `sidekiq.<tag>` for the
+//! payload's `tags`), the payload's `sentry_user` as the user, the exception's module, the
+//! `sidekiq` context (a failed run's payload as fetched, with `context` and its queue), plus
+//! playguard's own: the event (`failure`, `death`, `poison`, `lock_lost`), the phase, the
+//! command's last stderr lines. `args` (and the raw `jobstr`) leave only for classes whose
+//! manifest entry says `report_args = true`. Grouped by class and error class (the
+//! fingerprint: there is no stack trace to group by). The crate
 //! sends from a thread of its own and drops what it cannot queue: a capture never blocks.
 //! Touches no Redis keys.
 
@@ -164,13 +167,16 @@ impl SentryOut {
         ev.exception = vec![Exception {
             ty: r.error.class.clone(),
             value: Some(r.error.message.clone()),
+            // As sentry-ruby: the class's namespace.
+            module: r.error.class.rsplit_once("::").map(|(m, _)| m.to_string()),
             ..Default::default()
         }]
         .into();
         ev.tags = tags(r, job, event);
+        ev.user = user(job);
         ev.contexts.insert(
             "sidekiq".into(),
-            Context::Other(self.sidekiq_context(job, &r.queue, class)),
+            Context::Other(self.sidekiq_context(r, job, class)),
         );
         ev.contexts.insert(
             "playguard".into(),
@@ -181,16 +187,25 @@ impl SentryOut {
         ev
     }
 
-    /// The payload with its queue, as sentry-sidekiq's context; `args` only if opted in.
-    fn sidekiq_context(&self, job: &Value, queue: &str, class: &str) -> Map<String, Value> {
+    /// The payload with its queue, as sentry-sidekiq's context: for a failed run, the payload
+    /// as fetched with the `context` and `jobstr` Sidekiq gives its error handlers
+    /// (processor.rb); `args` and `jobstr` only if opted in.
+    fn sidekiq_context(&self, r: &Report, job: &Value, class: &str) -> Map<String, Value> {
         let mut ctx: Map<String, Value> = match job {
             Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             other => Map::from([("payload".to_string(), other.clone())]),
         };
-        if !self.report_args.contains(class) {
+        let open = self.report_args.contains(class);
+        if !open {
             ctx.remove("args");
         }
-        ctx.insert("queue".into(), Value::from(queue));
+        if let Some(fetched) = &r.fetched {
+            ctx.insert("context".into(), Value::from("Job raised exception"));
+            if open {
+                ctx.insert("jobstr".into(), Value::from(&**fetched));
+            }
+        }
+        ctx.insert("queue".into(), Value::from(&*r.queue));
         ctx
     }
 
@@ -239,6 +254,33 @@ fn tags(r: &Report, job: &Value, event: &str) -> Map<String, String> {
     tags
 }
 
+/// The payload's `sentry_user` (sentry-sidekiq's client middleware puts the enqueuing
+/// request's user there), as sentry-sidekiq's server middleware sets it on the scope. An
+/// app's `Sentry.set_user(id: user.id)` makes a numeric id: kept, as the string Sentry stores.
+fn user(job: &Value) -> Option<sentry::protocol::User> {
+    let Value::Object(m) = job.get("sentry_user")? else {
+        return None;
+    };
+    let mut u = sentry::protocol::User::default();
+    for (k, v) in m {
+        let text = match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        match k.as_str() {
+            "id" => u.id = text,
+            "email" => u.email = text,
+            "username" => u.username = text,
+            "ip_address" => u.ip_address = text.and_then(|t| t.parse().ok()),
+            _ => {
+                u.other.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Some(u)
+}
+
 /// The event, the phase and the command's last stderr lines (oldest first).
 fn playguard_context(r: &Report, event: &str) -> Map<String, Value> {
     let mut ctx = Map::new();
@@ -253,4 +295,22 @@ fn playguard_context(r: &Report, event: &str) -> Map<String, Value> {
         ctx.insert("stderr".into(), serde_json::json!(lines));
     }
     ctx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_payloads_sentry_user_is_the_events_user() {
+        let job = serde_json::json!({"sentry_user": {"id": 42, "email": "a@example.com",
+            "ip_address": "10.0.0.1", "segment": "pro"}});
+        let u = user(&job).unwrap();
+        assert_eq!(u.id.as_deref(), Some("42"));
+        assert_eq!(u.email.as_deref(), Some("a@example.com"));
+        assert_eq!(u.ip_address.unwrap().to_string(), "10.0.0.1");
+        assert_eq!(u.other["segment"], "pro");
+        assert!(user(&serde_json::json!({"sentry_user": "x"})).is_none());
+        assert!(user(&serde_json::json!({"class": "X"})).is_none());
+    }
 }

@@ -7,6 +7,7 @@
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// (request path, X-Sentry-Auth header, item header, item payload) of every item received.
@@ -15,6 +16,7 @@ type Items = Mutex<Vec<(String, String, Value, Value)>>;
 pub struct SentryListener {
     port: u16,
     items: Arc<Items>,
+    gzipped: Arc<AtomicUsize>,
 }
 
 impl SentryListener {
@@ -22,14 +24,24 @@ impl SentryListener {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the Sentry listener");
         let port = listener.local_addr().unwrap().port();
         let items = Arc::new(Mutex::new(Vec::new()));
-        let kept = items.clone();
+        let gzipped = Arc::new(AtomicUsize::new(0));
+        let (kept, zipped) = (items.clone(), gzipped.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let kept = kept.clone();
-                std::thread::spawn(move || serve(conn, &kept));
+                let (kept, zipped) = (kept.clone(), zipped.clone());
+                std::thread::spawn(move || serve(conn, &kept, &zipped));
             }
         });
-        SentryListener { port, items }
+        SentryListener {
+            port,
+            items,
+            gzipped,
+        }
+    }
+
+    /// How many requests came gzip'd (and were unzipped).
+    pub fn gzipped(&self) -> usize {
+        self.gzipped.load(Ordering::SeqCst)
     }
 
     /// A DSN for project 1 with public key `publickey`, plain HTTP to this listener.
@@ -68,7 +80,7 @@ impl SentryListener {
 }
 
 /// Requests on one connection (keep-alive) until it closes.
-fn serve(conn: TcpStream, kept: &Items) {
+fn serve(conn: TcpStream, kept: &Items, zipped: &AtomicUsize) {
     let mut out = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     loop {
@@ -108,6 +120,7 @@ fn serve(conn: TcpStream, kept: &Items) {
                 return;
             }
             body = plain;
+            zipped.fetch_add(1, Ordering::SeqCst);
         }
         for (header, payload) in envelope_items(&body) {
             kept.lock()
