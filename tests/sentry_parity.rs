@@ -1,6 +1,6 @@
 //! sentry-sidekiq parity: the same failing jobs (the same payload bytes) run once by the real
 //! Ruby Sidekiq 6.4.1 with sentry-sidekiq 5.3.0 and once by playguard, each reporting to a
-//! loopback Sentry listener of its own; the two events are compared field by field. What
+//! loopback Sentry listener of its own; each job's two events are compared field by field. What
 //! must differ (event_id, timestamps, the stack frames, the Ruby-only platform, sdk, modules,
 //! runtime and os fields) is taken out first; every other difference must be one of those
 //! docs/failures.md lists as left on purpose, and each of those must still be there, so a
@@ -23,7 +23,10 @@ const APP_RB: &str = r#"
 require 'sidekiq'
 require 'sentry-ruby'
 require 'sentry-sidekiq'
+require 'active_job'
 Sentry.init { |c| c.dsn = ENV.fetch('SENTRY_DSN') }
+ActiveJob::Base.queue_adapter = :sidekiq
+ActiveJob::Base.logger = Logger.new(nil)
 module Playguard
   class CommandFailed < StandardError; end
 end
@@ -34,26 +37,47 @@ class FailJob
   end
 end
 class AgainJob < FailJob; end
+class DeadJob < FailJob; end
+class ReportJob < ActiveJob::Base
+  def perform(*)
+    raise Playguard::CommandFailed, 'disk full'
+  end
+end
 "#;
 
 /// The same jobs for playguard: a command that fails with the same last stderr line; `args`
 /// opted in, so the `sidekiq` context is compared whole.
-const MANIFEST: &str =
-    "[[job]]\nclass = \"FailJob\"\nrun = [\"jobs/bin/fail\"]\nreport_args = true\n\
-    [[job]]\nclass = \"AgainJob\"\nrun = [\"jobs/bin/fail\"]\nreport_args = true\n";
+fn manifest() -> String {
+    ["FailJob", "AgainJob", "DeadJob", "ReportJob"]
+        .iter()
+        .map(|c| {
+            format!("[[job]]\nclass = \"{c}\"\nrun = [\"jobs/bin/fail\"]\nreport_args = true\n")
+        })
+        .collect()
+}
 const FAIL: &str = "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\nexit 1\n";
 
-/// A first failure (tags, a Sentry user as sentry-sidekiq's client middleware adds it), and a
+/// A first failure (tags, a Sentry user as sentry-sidekiq's client middleware adds it); a
 /// job already retried once (its failure fields as Sidekiq wrote them), whose argument `PAD`
-/// makes ({"k": "v" * PAD}, [`payloads`]) sentry-ruby gzip its event (it does past 30 kB).
+/// makes ({"k": "v" * PAD}, [`payloads`]) sentry-ruby gzip its event (it does past 30 kB); a
+/// job that dies (`retry: 0`); an ActiveJob job as Rails 6.1's Sidekiq adapter pushes it (its
+/// `_aj_` keys are what sentry-sidekiq renames).
 const FRESH: &str = r#"{"class":"FailJob","args":["a",1],"retry":3,"queue":"default","jid":"aaaaaaaaaaaaaaaaaaaaaaa1","created_at":1796660000.5,"enqueued_at":1796660001.25,"tags":["alpha","beta"],"sentry_user":{"id":42,"username":"ada"}}"#;
 const PAD: usize = 40_000;
 const AGAIN: &str = r#"{"class":"AgainJob","args":[{"k":"v"}],"retry":5,"queue":"default","jid":"bbbbbbbbbbbbbbbbbbbbbbb2","created_at":1796660000.5,"enqueued_at":1796660004.5,"error_message":"disk was full","error_class":"Playguard::CommandFailed","failed_at":1796660002.5,"retry_count":1,"retried_at":1796660003.5}"#;
 
-/// FRESH and AGAIN (padded), byte for byte the same for both runs.
+const DEAD: &str = r#"{"class":"DeadJob","args":[],"retry":0,"queue":"default","jid":"ccccccccccccccccccccccc3","created_at":1796660000.5,"enqueued_at":1796660001.5}"#;
+const ACTIVE: &str = r#"{"class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"ReportJob","queue":"default","args":[{"job_class":"ReportJob","job_id":"5f7c0d1e-0000-4000-8000-000000000001","provider_job_id":null,"queue_name":"default","priority":null,"arguments":[7,{"mode":"full","_aj_symbol_keys":["mode"]}],"executions":0,"exception_executions":{},"locale":"en","timezone":"UTC","enqueued_at":"2026-12-01T00:00:00Z"}],"retry":3,"jid":"ddddddddddddddddddddddd4","created_at":1796660000.5,"enqueued_at":1796660001.5}"#;
+
+/// The four payloads (AGAIN padded), byte for byte the same for both runs.
 fn payloads() -> Vec<String> {
     let pad = format!("\"{}\"", "v".repeat(PAD));
-    vec![FRESH.to_string(), AGAIN.replace("\"v\"", &pad)]
+    vec![
+        FRESH.to_string(),
+        AGAIN.replace("\"v\"", &pad),
+        DEAD.to_string(),
+        ACTIVE.to_string(),
+    ]
 }
 
 /// What playguard's event has that sentry-sidekiq's has not, or has otherwise, on purpose
@@ -89,8 +113,8 @@ const NOT_COMPARED: &[&str] = &[
 #[test]
 fn playguards_sentry_event_matches_sentry_sidekiqs_for_the_same_job() {
     if !ruby_can(
-        "require 'sidekiq'; require 'sentry-sidekiq'",
-        "ruby-sidekiq ruby-sentry-sidekiq",
+        "require 'sidekiq'; require 'sentry-sidekiq'; require 'active_job'",
+        "ruby-sidekiq ruby-sentry-sidekiq ruby-activejob",
     ) {
         return;
     }
@@ -109,14 +133,14 @@ fn playguards_sentry_event_matches_sentry_sidekiqs_for_the_same_job() {
             }
         }
     }
-    assert_eq!(ruby.len(), 2, "{ruby:?}");
+    assert_eq!(ruby.len(), payloads().len(), "{ruby:?}");
     assert!(
         report.is_empty(),
         "differences other than those left on purpose ({LEFT_ON_PURPOSE:?}):\n{report}"
     );
 }
 
-/// The events sentry-sidekiq sends for FRESH and AGAIN, by jid.
+/// The events sentry-sidekiq sends for the payloads, by jid.
 fn ruby_events() -> BTreeMap<String, Value> {
     let redis = RedisServer::start();
     let sentry = SentryListener::start();
@@ -138,8 +162,8 @@ fn ruby_events() -> BTreeMap<String, Value> {
         .spawn()
         .expect("start sidekiq");
     let got = std::panic::catch_unwind(|| {
-        wait_until("two events from sentry-sidekiq", PATIENCE, || {
-            sentry.events().len() >= 2
+        wait_until("an event per job from sentry-sidekiq", PATIENCE, || {
+            sentry.events().len() >= payloads().len()
         })
     });
     signal(sidekiq.id() as i32, "TERM");
@@ -157,15 +181,15 @@ fn playguard_events() -> BTreeMap<String, Value> {
     let sentry = SentryListener::start();
     let p = Project::new();
     p.script("jobs/bin/fail", FAIL);
-    p.write("jobs/app.toml", MANIFEST);
+    p.write("jobs/app.toml", &manifest());
     let mut b = Worker::builder(&redis).jobs(p.path());
     for (k, v) in sentry_env(&sentry) {
         b = b.env(k, v);
     }
     let mut w = b.start();
     push_to_default(&redis, payloads());
-    wait_until("both jobs in the retry set", PATIENCE, || {
-        redis.zcard("retry") == 2
+    wait_until("three jobs in the retry set, one in dead", PATIENCE, || {
+        redis.zcard("retry") == 3 && redis.zcard("dead") == 1
     });
     // A clean stop flushes what is queued.
     w.stop(PATIENCE);
