@@ -189,11 +189,12 @@ impl SentryOut {
 
     /// The payload with its queue, as sentry-sidekiq's context: for a failed run, the payload
     /// as fetched with the `context` and `jobstr` Sidekiq gives its error handlers
-    /// (processor.rb); `args` and `jobstr` only if opted in.
+    /// (processor.rb); `args` and `jobstr` only if opted in; ActiveJob's `_aj_` key prefixes
+    /// taken off, as sentry-sidekiq does.
     fn sidekiq_context(&self, r: &Report, job: &Value, class: &str) -> Map<String, Value> {
-        let mut ctx: Map<String, Value> = match job {
-            Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            other => Map::from([("payload".to_string(), other.clone())]),
+        let mut ctx: Map<String, Value> = match without_aj_prefix(job) {
+            Value::Object(m) => m.into_iter().collect(),
+            other => Map::from([("payload".to_string(), other)]),
         };
         let open = self.report_args.contains(class);
         if !open {
@@ -254,6 +255,24 @@ fn tags(r: &Report, job: &Value, event: &str) -> Map<String, String> {
     tags
 }
 
+/// `v` with every object key's leading `_aj_` taken off (`_aj_symbol_keys` is shown as
+/// `symbol_keys`): sentry-sidekiq shows ActiveJob's reserved keys so, and a user who searches
+/// an event for them finds them under the same names.
+fn without_aj_prefix(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let k = k.strip_prefix("_aj_").unwrap_or(k);
+                    (k.to_string(), without_aj_prefix(v))
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_aj_prefix).collect()),
+        other => other.clone(),
+    }
+}
+
 /// The payload's `sentry_user` (sentry-sidekiq's client middleware puts the enqueuing
 /// request's user there), as sentry-sidekiq's server middleware sets it on the scope. An
 /// app's `Sentry.set_user(id: user.id)` makes a numeric id: kept, as the string Sentry stores.
@@ -312,5 +331,16 @@ mod tests {
         assert_eq!(u.other["segment"], "pro");
         assert!(user(&serde_json::json!({"sentry_user": "x"})).is_none());
         assert!(user(&serde_json::json!({"class": "X"})).is_none());
+    }
+
+    #[test]
+    fn activejobs_reserved_key_prefix_is_taken_off_at_every_depth() {
+        let job = serde_json::json!({"_aj_top": 1, "args": [{"arguments": [{"_aj_globalid":
+            "gid://app/M/7"}, {"mode": "x", "_aj_symbol_keys": ["mode"]}]}], "a_aj_": 2});
+        assert_eq!(
+            without_aj_prefix(&job),
+            serde_json::json!({"top": 1, "args": [{"arguments": [{"globalid": "gid://app/M/7"},
+                {"mode": "x", "symbol_keys": ["mode"]}]}], "a_aj_": 2})
+        );
     }
 }
