@@ -10,6 +10,7 @@ mod support;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use support::*;
@@ -62,6 +63,7 @@ const FAIL: &str = "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\ne
 /// makes ({"k": "v" * PAD}, [`payloads`]) sentry-ruby gzip its event (it does past 30 kB); a
 /// job that dies (`retry: 0`); an ActiveJob job as Rails 6.1's Sidekiq adapter pushes it (its
 /// `_aj_` keys are what sentry-sidekiq renames).
+const JID_FRESH: &str = "aaaaaaaaaaaaaaaaaaaaaaa1";
 const FRESH: &str = r#"{"class":"FailJob","args":["a",1],"retry":3,"queue":"default","jid":"aaaaaaaaaaaaaaaaaaaaaaa1","created_at":1796660000.5,"enqueued_at":1796660001.25,"tags":["alpha","beta"],"sentry_user":{"id":42,"username":"ada"}}"#;
 const PAD: usize = 40_000;
 const AGAIN: &str = r#"{"class":"AgainJob","args":[{"k":"v"}],"retry":5,"queue":"default","jid":"bbbbbbbbbbbbbbbbbbbbbbb2","created_at":1796660000.5,"enqueued_at":1796660004.5,"error_message":"disk was full","error_class":"Playguard::CommandFailed","failed_at":1796660002.5,"retry_count":1,"retried_at":1796660003.5}"#;
@@ -118,8 +120,14 @@ fn playguards_sentry_event_matches_sentry_sidekiqs_for_the_same_job() {
     ) {
         return;
     }
-    let ruby = ruby_events();
-    let ours = playguard_events();
+    let run = Run {
+        payloads: payloads(),
+        release_env: true,
+        prepare: &|_| {},
+    };
+    let (ruby, gzipped) = ruby_events(&run);
+    assert!(gzipped >= 1, "the padded job's event came gzip'd");
+    let ours = playguard_events(&run);
     let mut report = String::new();
     for (jid, r) in &ruby {
         let o = ours
@@ -140,20 +148,80 @@ fn playguards_sentry_event_matches_sentry_sidekiqs_for_the_same_job() {
     );
 }
 
-/// The events sentry-sidekiq sends for the payloads, by jid.
-fn ruby_events() -> BTreeMap<String, Value> {
+#[test]
+fn without_sentry_release_both_find_the_same_release_in_the_apps_directory() {
+    if !ruby_can(
+        "require 'sidekiq'; require 'sentry-sidekiq'; require 'active_job'",
+        "ruby-sidekiq ruby-sentry-sidekiq ruby-activejob",
+    ) {
+        return;
+    }
+    // A Capistrano release directory, then a git checkout (git comes first for both). The
+    // commit's dates are fixed, so both sides' checkouts have the same commit.
+    let capistrano = |dir: &Path| {
+        std::fs::write(dir.join("REVISION"), "0f1e2d3c4b5a\n").unwrap();
+    };
+    let checkout = |dir: &Path| {
+        capistrano(dir);
+        let git = |args: &[&str]| {
+            let out = Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+                .args(args)
+                .env("GIT_AUTHOR_DATE", "2026-12-01T00:00:00Z")
+                .env("GIT_COMMITTER_DATE", "2026-12-01T00:00:00Z")
+                .current_dir(dir)
+                .output()
+                .expect("run git");
+            assert_success(&out);
+        };
+        git(&["init", "-q"]);
+        git(&["commit", "-q", "--allow-empty", "-m", "deploy"]);
+    };
+    for (what, prepare, from_revision) in [
+        ("Capistrano's REVISION", &capistrano as &dyn Fn(&Path), true),
+        ("the git checkout", &checkout, false),
+    ] {
+        let run = Run {
+            payloads: vec![FRESH.to_string()],
+            release_env: false,
+            prepare,
+        };
+        let (ruby, _) = ruby_events(&run);
+        let ours = playguard_events(&run);
+        let (r, o) = (&ruby[JID_FRESH]["release"], &ours[JID_FRESH]["release"]);
+        assert!(
+            r.is_string(),
+            "sentry-ruby found a release in {what}: {ruby:?}"
+        );
+        assert_eq!(r == "0f1e2d3c4b5a", from_revision, "{what}: {r}");
+        assert_eq!(r, o, "the release from {what}");
+    }
+}
+
+/// One side's run: the payloads pushed, whether the deploy sets `SENTRY_RELEASE`, and what
+/// else the app's directory (both sides' working directory) holds.
+struct Run<'a> {
+    payloads: Vec<String>,
+    release_env: bool,
+    prepare: &'a dyn Fn(&Path),
+}
+
+/// The events sentry-sidekiq sends for the payloads, by jid, and how many came gzip'd.
+fn ruby_events(run: &Run) -> (BTreeMap<String, Value>, usize) {
     let redis = RedisServer::start();
     let sentry = SentryListener::start();
     let p = Project::new();
     let app = p.write("app.rb", APP_RB);
-    push_to_default(&redis, payloads());
+    (run.prepare)(p.path());
+    push_to_default(&redis, run.payloads.clone());
     let log = std::fs::File::create(p.path().join("sidekiq.log")).unwrap();
     let mut sidekiq = Command::new("sidekiq")
         .args(["-r".as_ref(), app.as_os_str()])
         .args(["-c", "1", "-q", "default", "-t", "5"])
         .current_dir(p.path())
         .env("REDIS_URL", redis.url())
-        .envs(sentry_env(&sentry))
+        .env_remove("SENTRY_RELEASE")
+        .envs(sentry_env(&sentry, run.release_env))
         .env_remove("RAILS_ENV")
         .env_remove("RACK_ENV")
         .stdin(Stdio::null())
@@ -161,35 +229,34 @@ fn ruby_events() -> BTreeMap<String, Value> {
         .stderr(log)
         .spawn()
         .expect("start sidekiq");
-    let got = std::panic::catch_unwind(|| {
+    let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_until("an event per job from sentry-sidekiq", PATIENCE, || {
-            sentry.events().len() >= payloads().len()
+            sentry.events().len() >= run.payloads.len()
         })
-    });
+    }));
     signal(sidekiq.id() as i32, "TERM");
     reap_within(&mut sidekiq, Duration::from_secs(15));
     if got.is_err() {
         panic!("sidekiq's log:\n{}", p.read("sidekiq.log"));
     }
-    assert!(sentry.gzipped() >= 1, "the padded job's event came gzip'd");
-    by_jid(sentry.events())
+    (by_jid(sentry.events()), sentry.gzipped())
 }
 
 /// The events playguard sends for the same payloads, by jid.
-fn playguard_events() -> BTreeMap<String, Value> {
+fn playguard_events(run: &Run) -> BTreeMap<String, Value> {
     let redis = RedisServer::start();
     let sentry = SentryListener::start();
     let p = Project::new();
     p.script("jobs/bin/fail", FAIL);
     p.write("jobs/app.toml", &manifest());
-    let mut b = Worker::builder(&redis).jobs(p.path());
-    for (k, v) in sentry_env(&sentry) {
-        b = b.env(k, v);
-    }
-    let mut w = b.start();
-    push_to_default(&redis, payloads());
-    wait_until("three jobs in the retry set, one in dead", PATIENCE, || {
-        redis.zcard("retry") == 3 && redis.zcard("dead") == 1
+    (run.prepare)(p.path());
+    let mut cmd = Worker::builder(&redis).jobs(p.path()).command();
+    cmd.env_remove("SENTRY_RELEASE")
+        .envs(sentry_env(&sentry, run.release_env));
+    let mut w = Worker::spawn(&mut cmd);
+    push_to_default(&redis, run.payloads.clone());
+    wait_until("every job in the retry or dead set", PATIENCE, || {
+        (redis.zcard("retry") + redis.zcard("dead")) as usize == run.payloads.len()
     });
     // A clean stop flushes what is queued.
     w.stop(PATIENCE);
@@ -197,12 +264,15 @@ fn playguard_events() -> BTreeMap<String, Value> {
 }
 
 /// The environment a Rails app's deploy sets, the same for both.
-fn sentry_env(sentry: &SentryListener) -> Vec<(&'static str, String)> {
-    vec![
+fn sentry_env(sentry: &SentryListener, release: bool) -> Vec<(&'static str, String)> {
+    let mut env = vec![
         ("SENTRY_DSN", sentry.dsn()),
         ("SENTRY_ENVIRONMENT", "staging".into()),
-        ("SENTRY_RELEASE", "app@1.2.3".into()),
-    ]
+    ];
+    if release {
+        env.push(("SENTRY_RELEASE", "app@1.2.3".into()));
+    }
+    env
 }
 
 fn by_jid(events: Vec<Value>) -> BTreeMap<String, Value> {
