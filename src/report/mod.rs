@@ -7,6 +7,7 @@
 
 pub mod hooks;
 pub mod limit;
+pub mod release;
 pub mod to_sentry;
 
 use crate::job::payload::Job;

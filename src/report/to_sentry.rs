@@ -1,6 +1,7 @@
 //! Failure events to Sentry (or any service that speaks its protocol), through the `sentry`
 //! crate's own client: on when `SENTRY_DSN` is set, with `SENTRY_ENVIRONMENT` and
-//! `SENTRY_RELEASE` read as sentry-ruby reads them. An event carries what sentry-sidekiq
+//! `SENTRY_RELEASE` read as sentry-ruby reads them (without `SENTRY_RELEASE`, the release it
+//! would find: `release.rs`). An event carries what sentry-sidekiq
 //! gives a job's error (tests/sentry_parity.rs compares the two field by field): the
 //! transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and `sidekiq.<tag>` for the
 //! payload's `tags`), the payload's `sentry_user` as the user, the exception's module, the
@@ -50,9 +51,8 @@ pub fn from_env(report_args: HashSet<String>) -> Result<Option<SentryOut>, Strin
         .map_err(|e| format!("SENTRY_DSN does not parse as a Sentry DSN: {e}"))?;
     let shown = format!("{}://{}/{}", dsn.scheme(), dsn.host(), dsn.project_id());
     let environment = environment();
-    let release = std::env::var("SENTRY_RELEASE")
-        .ok()
-        .filter(|r| !r.is_empty());
+    let root = std::env::current_dir().unwrap_or_else(|_| ".".into());
+    let release = crate::report::release::detect(&root);
     let mut opts = sentry::ClientOptions::default();
     opts.dsn = Some(dsn);
     opts.environment = Some(environment.clone().into());
