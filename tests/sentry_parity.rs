@@ -263,11 +263,13 @@ fn playguard_events(run: &Run) -> BTreeMap<String, Value> {
     by_jid(sentry.events())
 }
 
-/// The environment a Rails app's deploy sets, the same for both.
+/// The environment a Rails app's deploy sets, the same for both. `DYNO` too, off Heroku:
+/// sentry-ruby names the server by it only on Heroku.
 fn sentry_env(sentry: &SentryListener, release: bool) -> Vec<(&'static str, String)> {
     let mut env = vec![
         ("SENTRY_DSN", sentry.dsn()),
         ("SENTRY_ENVIRONMENT", "staging".into()),
+        ("DYNO", "worker.1".into()),
     ];
     if release {
         env.push(("SENTRY_RELEASE", "app@1.2.3".into()));
