@@ -5,9 +5,9 @@
 //! scheduled poller for its burials) after its Redis write; nothing here waits or can change
 //! the outcome. Touches no Redis keys.
 
+pub mod deploy;
 pub mod hooks;
 pub mod limit;
-pub mod release;
 pub mod to_sentry;
 
 use crate::job::payload::Job;

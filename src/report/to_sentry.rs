@@ -1,17 +1,16 @@
 //! Failure events to Sentry (or any service that speaks its protocol), through the `sentry`
 //! crate's own client: on when `SENTRY_DSN` is set, with `SENTRY_ENVIRONMENT` and
 //! `SENTRY_RELEASE` read as sentry-ruby reads them (without `SENTRY_RELEASE`, the release it
-//! would find: `release.rs`). An event carries what sentry-sidekiq
-//! gives a job's error (tests/sentry_parity.rs compares the two field by field): the
-//! transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and `sidekiq.<tag>` for the
-//! payload's `tags`), the payload's `sentry_user` as the user, the exception's module, the
-//! `sidekiq` context (a failed run's payload as fetched, with `context` and its queue), plus
-//! playguard's own: the event (`failure`, `death`, `poison`, `lock_lost`), the phase, the
-//! command's last stderr lines. `args` (and the raw `jobstr`) leave only for classes whose
-//! manifest entry says `report_args = true`. Grouped by class and error class (the
-//! fingerprint: there is no stack trace to group by). The crate
-//! sends from a thread of its own and drops what it cannot queue: a capture never blocks.
-//! Touches no Redis keys.
+//! would find, and the server's name as it gives it: `deploy.rs`). An event carries what
+//! sentry-sidekiq gives a job's error (tests/sentry_parity.rs compares the two field by
+//! field): the transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and `sidekiq.<tag>` for
+//! the payload's `tags`), the payload's `sentry_user` as the user, the exception's module,
+//! the `sidekiq` context (a failed run's payload as fetched, with `context` and its queue),
+//! plus playguard's own: the event (`failure`, `death`, `poison`, `lock_lost`), the phase,
+//! the command's last stderr lines. `args` (and the raw `jobstr`) leave only for classes
+//! whose manifest entry says `report_args = true`. Grouped by class and error class (the
+//! fingerprint: there is no stack trace to group by). The crate sends from a thread of its
+//! own and drops what it cannot queue: a capture never blocks. Touches no Redis keys.
 
 use crate::job::report::{Kind, Report};
 use crate::report::limit::{Limiter, Verdict};
@@ -52,12 +51,12 @@ pub fn from_env(report_args: HashSet<String>) -> Result<Option<SentryOut>, Strin
     let shown = format!("{}://{}/{}", dsn.scheme(), dsn.host(), dsn.project_id());
     let environment = environment();
     let root = std::env::current_dir().unwrap_or_else(|_| ".".into());
-    let release = crate::report::release::detect(&root);
+    let release = crate::report::deploy::detect(&root);
     let mut opts = sentry::ClientOptions::default();
     opts.dsn = Some(dsn);
     opts.environment = Some(environment.clone().into());
     opts.release = release.clone().map(Into::into);
-    opts.server_name = Some(crate::process::identity::hostname().into());
+    opts.server_name = Some(crate::report::deploy::server_name().into());
     opts.default_integrations = false;
     opts.shutdown_timeout = FLUSH_TIMEOUT;
     opts.transport = Some(Arc::new(TimedUreq));

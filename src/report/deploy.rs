@@ -1,9 +1,10 @@
-//! The Sentry release when `SENTRY_RELEASE` is not set, found where sentry-ruby looks for it,
-//! in its order, from the working directory (the app's root under foreman or systemd): the
-//! git commit (`git rev-parse --short HEAD` when `.git` is here), Capistrano's `REVISION`
-//! file or the last `as release <N>` of `../revisions.log`, Heroku's `HEROKU_SLUG_COMMIT`
-//! (on Heroku only). So a Ruby Sidekiq process and playguard started from the same checkout
-//! tag their events with the same release. Touches no Redis keys.
+//! What sentry-ruby reads of the deploy, read the same way: the release when
+//! `SENTRY_RELEASE` is not set, found in its order from the working directory (the app's root
+//! under foreman or systemd): the git commit (`git rev-parse --short HEAD` when `.git` is
+//! here), Capistrano's `REVISION` file or the last `as release <N>` of `../revisions.log`,
+//! Heroku's `HEROKU_SLUG_COMMIT` (on Heroku only); and the server's name (`DYNO` on Heroku,
+//! else the host's). So a Ruby Sidekiq process and playguard started from the same deploy
+//! tag their events alike. Touches no Redis keys.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -62,13 +63,27 @@ fn release_of_log_line(line: &str) -> String {
         .to_string()
 }
 
-/// `HEROKU_SLUG_COMMIT`, on Heroku only (`/etc/heroku` there and not in CI, as sentry-ruby).
+/// Whether this runs on Heroku as sentry-ruby decides it: `/etc/heroku` is there, and not in CI.
+pub fn on_heroku() -> bool {
+    Path::new("/etc/heroku").is_dir() && std::env::var_os("CI").is_none()
+}
+
+/// `HEROKU_SLUG_COMMIT`, on Heroku only.
 fn from_heroku() -> Option<String> {
-    let on_heroku = Path::new("/etc/heroku").is_dir() && std::env::var_os("CI").is_none();
-    on_heroku
+    on_heroku()
         .then(|| std::env::var("HEROKU_SLUG_COMMIT").ok())
         .flatten()
         .filter(|c| !c.is_empty())
+}
+
+/// The event's `server_name` as sentry-ruby gives it: `DYNO` on Heroku, else the host's name
+/// (a `DYNO` set elsewhere still names this process's identity, as Sidekiq's launcher does).
+pub fn server_name() -> String {
+    std::env::var("DYNO")
+        .ok()
+        .filter(|d| on_heroku() && !d.is_empty())
+        .or_else(|| hostname::get().ok().and_then(|h| h.into_string().ok()))
+        .unwrap_or_else(|| "localhost".into())
 }
 
 #[cfg(test)]
