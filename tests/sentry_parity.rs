@@ -5,7 +5,8 @@
 //! runtime and os fields) is taken out first; every other difference must be one of those
 //! docs/failures.md lists as left on purpose, and each of those must still be there, so a
 //! field changed on either side fails the test. Skips without Ruby and the gem, unless
-//! PLAYGUARD_REQUIRE_RUBY=1.
+//! PLAYGUARD_REQUIRE_RUBY=1. A second test leaves `SENTRY_RELEASE` unset: both must find the
+//! same release in the app's directory.
 mod support;
 
 use serde_json::Value;
@@ -18,8 +19,8 @@ use support::*;
 const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The Ruby app: sentry-sidekiq configured from the environment only (SENTRY_DSN,
-/// SENTRY_ENVIRONMENT, SENTRY_RELEASE), and two jobs raising the error class playguard gives a
-/// failed command, with the message the command's last stderr line gives.
+/// SENTRY_ENVIRONMENT, SENTRY_RELEASE), and the jobs, each raising the error class playguard
+/// gives a failed command, with the message the command's last stderr line gives.
 const APP_RB: &str = r#"
 require 'sidekiq'
 require 'sentry-ruby'
@@ -56,6 +57,7 @@ fn manifest() -> String {
         })
         .collect()
 }
+
 const FAIL: &str = "#!/bin/sh\necho 'checking disk' >&2\necho 'disk full' >&2\nexit 1\n";
 
 /// A first failure (tags, a Sentry user as sentry-sidekiq's client middleware adds it); a
@@ -67,7 +69,6 @@ const JID_FRESH: &str = "aaaaaaaaaaaaaaaaaaaaaaa1";
 const FRESH: &str = r#"{"class":"FailJob","args":["a",1],"retry":3,"queue":"default","jid":"aaaaaaaaaaaaaaaaaaaaaaa1","created_at":1796660000.5,"enqueued_at":1796660001.25,"tags":["alpha","beta"],"sentry_user":{"id":42,"username":"ada"}}"#;
 const PAD: usize = 40_000;
 const AGAIN: &str = r#"{"class":"AgainJob","args":[{"k":"v"}],"retry":5,"queue":"default","jid":"bbbbbbbbbbbbbbbbbbbbbbb2","created_at":1796660000.5,"enqueued_at":1796660004.5,"error_message":"disk was full","error_class":"Playguard::CommandFailed","failed_at":1796660002.5,"retry_count":1,"retried_at":1796660003.5}"#;
-
 const DEAD: &str = r#"{"class":"DeadJob","args":[],"retry":0,"queue":"default","jid":"ccccccccccccccccccccccc3","created_at":1796660000.5,"enqueued_at":1796660001.5}"#;
 const ACTIVE: &str = r#"{"class":"ActiveJob::QueueAdapters::SidekiqAdapter::JobWrapper","wrapped":"ReportJob","queue":"default","args":[{"job_class":"ReportJob","job_id":"5f7c0d1e-0000-4000-8000-000000000001","provider_job_id":null,"queue_name":"default","priority":null,"arguments":[7,{"mode":"full","_aj_symbol_keys":["mode"]}],"executions":0,"exception_executions":{},"locale":"en","timezone":"UTC","enqueued_at":"2026-12-01T00:00:00Z"}],"retry":3,"jid":"ddddddddddddddddddddddd4","created_at":1796660000.5,"enqueued_at":1796660001.5}"#;
 
