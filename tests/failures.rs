@@ -742,6 +742,8 @@ fn the_scheduled_pollers_burials_are_deaths_too() {
         "Playguard::InvalidPayload"
     );
     assert_eq!(garbage["contexts"]["sidekiq"]["payload"], "{not json");
+    // As sentry-sidekiq names an error with no job class to name: the bare transaction.
+    assert_eq!(garbage["transaction"], "Sidekiq", "{garbage}");
     let runs = hook_runs(&p);
     assert_eq!(
         events_of(&runs),
