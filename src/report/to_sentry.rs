@@ -123,8 +123,13 @@ pub fn event_name(r: &Report) -> &'static str {
 
 /// The class a report is about: ActiveJob's `wrapped`, else the payload's `class`.
 pub fn class_of(job: &Value) -> String {
+    named_class(job).unwrap_or("unknown").to_string()
+}
+
+/// ActiveJob's `wrapped`, else the payload's `class`, if it names one.
+fn named_class(job: &Value) -> Option<&str> {
     let s = |k: &str| job.get(k).and_then(Value::as_str);
-    s("wrapped").or(s("class")).unwrap_or("unknown").to_string()
+    s("wrapped").or(s("class"))
 }
 
 impl SentryOut {
@@ -160,7 +165,12 @@ impl SentryOut {
         let event = event_name(r);
         let mut ev = Event::new();
         ev.level = Level::Error;
-        ev.transaction = Some(format!("Sidekiq/{class}"));
+        // sentry-sidekiq's name; the bare `Sidekiq` when no class is named (a payload that
+        // is not a job).
+        ev.transaction = Some(match named_class(job) {
+            Some(c) => format!("Sidekiq/{c}"),
+            None => "Sidekiq".to_string(),
+        });
         ev.fingerprint = vec![class.to_string().into(), r.error.class.clone().into()].into();
         ev.logger = Some("playguard".into());
         ev.exception = vec![Exception {
