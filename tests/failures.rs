@@ -143,11 +143,18 @@ fn a_failing_job_sends_one_failure_event_and_runs_its_failure_hook_once() {
         .unwrap();
     check_common(e, "FailJob", "Playguard::CommandFailed", "failure");
     assert_eq!(e["exception"]["values"][0]["value"], "disk full");
+    assert_eq!(e["exception"]["values"][0]["module"], "Playguard");
+    // As sentry-sidekiq: the job as fetched (a first failure has no retry_count yet).
     let ctx = &e["contexts"]["sidekiq"];
     assert_eq!(ctx["jid"], jid.as_str());
-    assert_eq!(ctx["retry_count"], 0);
-    assert_eq!(ctx["error_class"], "Playguard::CommandFailed");
+    assert_eq!(ctx["context"], "Job raised exception");
+    assert!(ctx.get("retry_count").is_none(), "{ctx}");
+    assert!(ctx.get("error_class").is_none(), "{ctx}");
     assert!(ctx.get("args").is_none(), "args only when opted in: {ctx}");
+    assert!(
+        ctx.get("jobstr").is_none(),
+        "jobstr only when opted in: {ctx}"
+    );
     assert!(!e.to_string().contains("secret@example.com"), "{e}");
     assert_eq!(
         e["contexts"]["playguard"]["stderr"],
@@ -163,6 +170,14 @@ fn a_failing_job_sends_one_failure_event_and_runs_its_failure_hook_once() {
         o["contexts"]["sidekiq"]["args"],
         serde_json::json!(["visible"])
     );
+    let jobstr: Value =
+        serde_json::from_str(o["contexts"]["sidekiq"]["jobstr"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        jobstr["jid"],
+        open.as_str(),
+        "the payload as fetched: {jobstr}"
+    );
+    assert!(jobstr.get("retry_count").is_none(), "{jobstr}");
     for (path, auth) in sentry.requests() {
         assert_eq!(path, "/api/1/envelope/");
         assert!(auth.contains("sentry_key=publickey"), "{auth}");
@@ -727,6 +742,8 @@ fn the_scheduled_pollers_burials_are_deaths_too() {
         "Playguard::InvalidPayload"
     );
     assert_eq!(garbage["contexts"]["sidekiq"]["payload"], "{not json");
+    // As sentry-sidekiq names an error with no job class to name: the bare transaction.
+    assert_eq!(garbage["transaction"], "Sidekiq", "{garbage}");
     let runs = hook_runs(&p);
     assert_eq!(
         events_of(&runs),

@@ -644,6 +644,7 @@ impl Running<'_> {
             died: false,
             queue: self.ctx.queue.clone(),
             payload: self.ctx.payload.to_string(),
+            fetched: None,
             error: Failure::new(error_class::LOCK_LOST, format!("{}: {message}", self.key)),
             phase: e.phase.clone(),
         });

@@ -40,6 +40,10 @@ pub struct Report {
     /// The job as written back (retry or dead entry, with Sidekiq's failure fields), or as
     /// popped when nothing was written; a string that is not JSON is kept as it is.
     pub payload: String,
+    /// A failed run's payload as it was fetched, before the failure's fields were written:
+    /// what Sidekiq hands its error handlers (processor.rb passes the job it parsed before the
+    /// run), so a Sentry event shows the retry count the run started with. None elsewhere.
+    pub fetched: Option<Arc<str>>,
     pub error: Failure,
     /// The phase a cycle was in, for cycles.
     pub phase: Option<String>,

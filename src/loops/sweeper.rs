@@ -309,6 +309,7 @@ fn poison_report(raw: &[u8], entry: Vec<u8>, message: &str) -> Report {
         died: true,
         queue: queue.into(),
         payload: String::from_utf8_lossy(&entry).into_owned(),
+        fetched: None,
         error: crate::job::retry::Failure::new(error_class::POISON_PILL, message),
         phase: None,
     }

@@ -5,6 +5,7 @@
 //! scheduled poller for its burials) after its Redis write; nothing here waits or can change
 //! the outcome. Touches no Redis keys.
 
+pub mod deploy;
 pub mod hooks;
 pub mod limit;
 pub mod to_sentry;
@@ -60,9 +61,10 @@ impl FailureReporter {
 
 impl Reporter for FailureReporter {
     fn report(&self, r: Report) {
-        let job: Value =
-            serde_json::from_str(&r.payload).unwrap_or_else(|_| Value::from(r.payload.as_str()));
         if let Some(s) = &self.sentry {
+            // The job as Sidekiq's error handlers see it: as fetched, for a failed run.
+            let seen = r.fetched.as_deref().unwrap_or(&r.payload);
+            let job: Value = serde_json::from_str(seen).unwrap_or_else(|_| Value::from(seen));
             let result = if s.send(&r, &job) {
                 "sent"
             } else {
@@ -102,6 +104,7 @@ pub fn failed_run(
         died: !discarded && died(job, decision, known),
         queue: queue.clone(),
         payload,
+        fetched: Some(job.raw.clone()),
         phase: error.phase.clone(),
         error,
     }
@@ -130,6 +133,7 @@ pub fn buried(queue: &Arc<str>, entry: &[u8], class: &str, message: &str) -> Rep
         died: true,
         queue: queue.clone(),
         payload: String::from_utf8_lossy(entry).into_owned(),
+        fetched: None,
         error: Failure::new(class, message),
         phase: None,
     }
@@ -178,6 +182,7 @@ mod tests {
             died,
             queue: "q".into(),
             payload: "{}".into(),
+            fetched: None,
             error: Failure::new("E", "m"),
             phase: None,
         };

@@ -1,13 +1,16 @@
 //! Failure events to Sentry (or any service that speaks its protocol), through the `sentry`
 //! crate's own client: on when `SENTRY_DSN` is set, with `SENTRY_ENVIRONMENT` and
-//! `SENTRY_RELEASE` read as sentry-ruby reads them. An event carries what sentry-sidekiq
-//! gives a job's error: the transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and
-//! `sidekiq.<tag>` for the payload's `tags`), the `sidekiq` context (the payload with its
-//! queue), plus playguard's own: the event (`failure`, `death`, `poison`, `lock_lost`), the
-//! phase, the command's last stderr lines. `args` leave only for classes whose manifest entry
-//! says `report_args = true`. Grouped by class and error class (the fingerprint). The crate
-//! sends from a thread of its own and drops what it cannot queue: a capture never blocks.
-//! Touches no Redis keys.
+//! `SENTRY_RELEASE` read as sentry-ruby reads them (without `SENTRY_RELEASE`, the release it
+//! would find, and the server's name as it gives it: `deploy.rs`). An event carries what
+//! sentry-sidekiq gives a job's error (tests/sentry_parity.rs compares the two field by
+//! field): the transaction `Sidekiq/<Class>`, tags `queue` and `jid` (and `sidekiq.<tag>` for
+//! the payload's `tags`), the payload's `sentry_user` as the user, the exception's module,
+//! the `sidekiq` context (a failed run's payload as fetched, with `context` and its queue),
+//! plus playguard's own: the event (`failure`, `death`, `poison`, `lock_lost`), the phase,
+//! the command's last stderr lines. `args` (and the raw `jobstr`) leave only for classes
+//! whose manifest entry says `report_args = true`. Grouped by class and error class (the
+//! fingerprint: there is no stack trace to group by). The crate sends from a thread of its
+//! own and drops what it cannot queue: a capture never blocks. Touches no Redis keys.
 
 use crate::job::report::{Kind, Report};
 use crate::report::limit::{Limiter, Verdict};
@@ -47,14 +50,13 @@ pub fn from_env(report_args: HashSet<String>) -> Result<Option<SentryOut>, Strin
         .map_err(|e| format!("SENTRY_DSN does not parse as a Sentry DSN: {e}"))?;
     let shown = format!("{}://{}/{}", dsn.scheme(), dsn.host(), dsn.project_id());
     let environment = environment();
-    let release = std::env::var("SENTRY_RELEASE")
-        .ok()
-        .filter(|r| !r.is_empty());
+    let root = std::env::current_dir().unwrap_or_else(|_| ".".into());
+    let release = crate::report::deploy::detect(&root);
     let mut opts = sentry::ClientOptions::default();
     opts.dsn = Some(dsn);
     opts.environment = Some(environment.clone().into());
     opts.release = release.clone().map(Into::into);
-    opts.server_name = Some(crate::process::identity::hostname().into());
+    opts.server_name = Some(crate::report::deploy::server_name().into());
     opts.default_integrations = false;
     opts.shutdown_timeout = FLUSH_TIMEOUT;
     opts.transport = Some(Arc::new(TimedUreq));
@@ -121,8 +123,13 @@ pub fn event_name(r: &Report) -> &'static str {
 
 /// The class a report is about: ActiveJob's `wrapped`, else the payload's `class`.
 pub fn class_of(job: &Value) -> String {
+    named_class(job).unwrap_or("unknown").to_string()
+}
+
+/// ActiveJob's `wrapped`, else the payload's `class`, if it names one.
+fn named_class(job: &Value) -> Option<&str> {
     let s = |k: &str| job.get(k).and_then(Value::as_str);
-    s("wrapped").or(s("class")).unwrap_or("unknown").to_string()
+    s("wrapped").or(s("class"))
 }
 
 impl SentryOut {
@@ -158,19 +165,27 @@ impl SentryOut {
         let event = event_name(r);
         let mut ev = Event::new();
         ev.level = Level::Error;
-        ev.transaction = Some(format!("Sidekiq/{class}"));
+        // sentry-sidekiq's name; the bare `Sidekiq` when no class is named (a payload that
+        // is not a job).
+        ev.transaction = Some(match named_class(job) {
+            Some(c) => format!("Sidekiq/{c}"),
+            None => "Sidekiq".to_string(),
+        });
         ev.fingerprint = vec![class.to_string().into(), r.error.class.clone().into()].into();
         ev.logger = Some("playguard".into());
         ev.exception = vec![Exception {
             ty: r.error.class.clone(),
             value: Some(r.error.message.clone()),
+            // As sentry-ruby: the class's namespace.
+            module: r.error.class.rsplit_once("::").map(|(m, _)| m.to_string()),
             ..Default::default()
         }]
         .into();
         ev.tags = tags(r, job, event);
+        ev.user = user(job);
         ev.contexts.insert(
             "sidekiq".into(),
-            Context::Other(self.sidekiq_context(job, &r.queue, class)),
+            Context::Other(self.sidekiq_context(r, job, class)),
         );
         ev.contexts.insert(
             "playguard".into(),
@@ -181,16 +196,26 @@ impl SentryOut {
         ev
     }
 
-    /// The payload with its queue, as sentry-sidekiq's context; `args` only if opted in.
-    fn sidekiq_context(&self, job: &Value, queue: &str, class: &str) -> Map<String, Value> {
-        let mut ctx: Map<String, Value> = match job {
-            Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            other => Map::from([("payload".to_string(), other.clone())]),
+    /// The payload with its queue, as sentry-sidekiq's context: for a failed run, the payload
+    /// as fetched with the `context` and `jobstr` Sidekiq gives its error handlers
+    /// (processor.rb); `args` and `jobstr` only if opted in; ActiveJob's `_aj_` key prefixes
+    /// taken off, as sentry-sidekiq does.
+    fn sidekiq_context(&self, r: &Report, job: &Value, class: &str) -> Map<String, Value> {
+        let mut ctx: Map<String, Value> = match without_aj_prefix(job) {
+            Value::Object(m) => m.into_iter().collect(),
+            other => Map::from([("payload".to_string(), other)]),
         };
-        if !self.report_args.contains(class) {
+        let open = self.report_args.contains(class);
+        if !open {
             ctx.remove("args");
         }
-        ctx.insert("queue".into(), Value::from(queue));
+        if let Some(fetched) = &r.fetched {
+            ctx.insert("context".into(), Value::from("Job raised exception"));
+            if open {
+                ctx.insert("jobstr".into(), Value::from(&**fetched));
+            }
+        }
+        ctx.insert("queue".into(), Value::from(&*r.queue));
         ctx
     }
 
@@ -239,6 +264,51 @@ fn tags(r: &Report, job: &Value, event: &str) -> Map<String, String> {
     tags
 }
 
+/// `v` with every object key's leading `_aj_` taken off (`_aj_symbol_keys` is shown as
+/// `symbol_keys`): sentry-sidekiq shows ActiveJob's reserved keys so, and a user who searches
+/// an event for them finds them under the same names.
+fn without_aj_prefix(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let k = k.strip_prefix("_aj_").unwrap_or(k);
+                    (k.to_string(), without_aj_prefix(v))
+                })
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_aj_prefix).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The payload's `sentry_user` (sentry-sidekiq's client middleware puts the enqueuing
+/// request's user there), as sentry-sidekiq's server middleware sets it on the scope. An
+/// app's `Sentry.set_user(id: user.id)` makes a numeric id: kept, as the string Sentry stores.
+fn user(job: &Value) -> Option<sentry::protocol::User> {
+    let Value::Object(m) = job.get("sentry_user")? else {
+        return None;
+    };
+    let mut u = sentry::protocol::User::default();
+    for (k, v) in m {
+        let text = match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        match k.as_str() {
+            "id" => u.id = text,
+            "email" => u.email = text,
+            "username" => u.username = text,
+            "ip_address" => u.ip_address = text.and_then(|t| t.parse().ok()),
+            _ => {
+                u.other.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Some(u)
+}
+
 /// The event, the phase and the command's last stderr lines (oldest first).
 fn playguard_context(r: &Report, event: &str) -> Map<String, Value> {
     let mut ctx = Map::new();
@@ -253,4 +323,33 @@ fn playguard_context(r: &Report, event: &str) -> Map<String, Value> {
         ctx.insert("stderr".into(), serde_json::json!(lines));
     }
     ctx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_payloads_sentry_user_is_the_events_user() {
+        let job = serde_json::json!({"sentry_user": {"id": 42, "email": "a@example.com",
+            "ip_address": "10.0.0.1", "segment": "pro"}});
+        let u = user(&job).unwrap();
+        assert_eq!(u.id.as_deref(), Some("42"));
+        assert_eq!(u.email.as_deref(), Some("a@example.com"));
+        assert_eq!(u.ip_address.unwrap().to_string(), "10.0.0.1");
+        assert_eq!(u.other["segment"], "pro");
+        assert!(user(&serde_json::json!({"sentry_user": "x"})).is_none());
+        assert!(user(&serde_json::json!({"class": "X"})).is_none());
+    }
+
+    #[test]
+    fn activejobs_reserved_key_prefix_is_taken_off_at_every_depth() {
+        let job = serde_json::json!({"_aj_top": 1, "args": [{"arguments": [{"_aj_globalid":
+            "gid://app/M/7"}, {"mode": "x", "_aj_symbol_keys": ["mode"]}]}], "a_aj_": 2});
+        assert_eq!(
+            without_aj_prefix(&job),
+            serde_json::json!({"top": 1, "args": [{"arguments": [{"globalid": "gid://app/M/7"},
+                {"mode": "x", "symbol_keys": ["mode"]}]}], "a_aj_": 2})
+        );
+    }
 }

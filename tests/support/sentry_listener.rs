@@ -1,11 +1,13 @@
 //! A Sentry-compatible HTTP listener on loopback: it accepts what the real `sentry` crate
 //! sends to `POST /api/<project>/envelope/`, answers 200, and keeps every envelope's items
-//! decoded (the envelope header line, then each item's header and payload, by its `length`).
+//! decoded (the envelope header line, then each item's header and payload, by its `length`;
+//! a gzip'd body, as sentry-ruby sends a large one, is unzipped first).
 //! Point `SENTRY_DSN` at [`SentryListener::dsn`].
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// (request path, X-Sentry-Auth header, item header, item payload) of every item received.
@@ -14,6 +16,7 @@ type Items = Mutex<Vec<(String, String, Value, Value)>>;
 pub struct SentryListener {
     port: u16,
     items: Arc<Items>,
+    gzipped: Arc<AtomicUsize>,
 }
 
 impl SentryListener {
@@ -21,14 +24,24 @@ impl SentryListener {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the Sentry listener");
         let port = listener.local_addr().unwrap().port();
         let items = Arc::new(Mutex::new(Vec::new()));
-        let kept = items.clone();
+        let gzipped = Arc::new(AtomicUsize::new(0));
+        let (kept, zipped) = (items.clone(), gzipped.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let kept = kept.clone();
-                std::thread::spawn(move || serve(conn, &kept));
+                let (kept, zipped) = (kept.clone(), zipped.clone());
+                std::thread::spawn(move || serve(conn, &kept, &zipped));
             }
         });
-        SentryListener { port, items }
+        SentryListener {
+            port,
+            items,
+            gzipped,
+        }
+    }
+
+    /// How many requests came gzip'd (and were unzipped).
+    pub fn gzipped(&self) -> usize {
+        self.gzipped.load(Ordering::SeqCst)
     }
 
     /// A DSN for project 1 with public key `publickey`, plain HTTP to this listener.
@@ -67,7 +80,7 @@ impl SentryListener {
 }
 
 /// Requests on one connection (keep-alive) until it closes.
-fn serve(conn: TcpStream, kept: &Items) {
+fn serve(conn: TcpStream, kept: &Items, zipped: &AtomicUsize) {
     let mut out = conn.try_clone().unwrap();
     let mut r = BufReader::new(conn);
     loop {
@@ -76,7 +89,7 @@ fn serve(conn: TcpStream, kept: &Items) {
             return;
         }
         let path = start.split_whitespace().nth(1).unwrap_or("").to_string();
-        let (mut length, mut auth) = (0usize, String::new());
+        let (mut length, mut auth, mut gzip) = (0usize, String::new(), false);
         loop {
             let mut h = String::new();
             if r.read_line(&mut h).unwrap_or(0) == 0 {
@@ -90,12 +103,24 @@ fn serve(conn: TcpStream, kept: &Items) {
             match k.to_ascii_lowercase().as_str() {
                 "content-length" => length = v.trim().parse().unwrap_or(0),
                 "x-sentry-auth" => auth = v.trim().to_string(),
+                "content-encoding" => gzip = v.trim().eq_ignore_ascii_case("gzip"),
                 _ => {}
             }
         }
         let mut body = vec![0u8; length];
         if r.read_exact(&mut body).is_err() {
             return;
+        }
+        if gzip {
+            let mut plain = Vec::new();
+            if flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut plain)
+                .is_err()
+            {
+                return;
+            }
+            body = plain;
+            zipped.fetch_add(1, Ordering::SeqCst);
         }
         for (header, payload) in envelope_items(&body) {
             kept.lock()
