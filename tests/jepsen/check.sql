@@ -23,6 +23,13 @@ gone AS (SELECT p.jid, p.confirmed FROM jepsen_pushed p
 tk AS (SELECT member, created_s / 10 AS tick, count(DISTINCT jid) jobs FROM jepsen_ticks GROUP BY 1, 2),
 span AS (SELECT min(tick) + 1 lo, max(tick) - 2 hi FROM tk),
 ticks AS (SELECT DISTINCT tick FROM tk, span WHERE tick BETWEEN lo AND hi),
+-- A stale accepted write: the lock was taken again (a later playguard_cycles row of the same
+-- key) before this write landed, yet it was accepted. 50 ms of slack for the acquisition's own
+-- statement time.
+stale AS (SELECT count(*) n FROM acc w
+  JOIN playguard_cycles c ON c.lock_key = 'jepsen:marquee:' || w.marquee AND c.jid = w.jid AND c.fence = w.fence
+  WHERE EXISTS (SELECT 1 FROM playguard_cycles c2 WHERE c2.lock_key = c.lock_key
+    AND c2.started_at > c.started_at AND c2.started_at + interval '50 ms' < to_timestamp(w.ended_us / 1e6))),
 missed AS (SELECT count(*) n FROM ticks t CROSS JOIN (SELECT 't' || g AS member FROM generate_series(1, 20) g) m
   WHERE NOT EXISTS (SELECT 1 FROM tk WHERE tk.tick = t.tick AND tk.member = m.member))
 SELECT :'faults' AS faults,
@@ -40,5 +47,6 @@ SELECT :'faults' AS faults,
   (SELECT coalesce(sum(runs - 1), 0) FROM ran) AS duplicates,
   (SELECT count(*) FROM gone WHERE NOT confirmed) AS unconfirmed_gone,
   (SELECT coalesce(sum(jobs - 1), 0) FROM tk, span WHERE tick BETWEEN lo AND hi) AS tick_dups,
-  (SELECT n FROM missed) AS tick_missed;
+  (SELECT n FROM missed) AS tick_missed,
+  (SELECT n FROM stale) AS stale_accepted;
 SELECT outcome, count(*) FROM playguard_cycles GROUP BY 1 ORDER BY 1;

@@ -265,13 +265,14 @@ in_ns db python3 "$HERE/pusher.py" inventory "$(addr "$p")" 6379 "$T/in_redis" |
 psql_db -c "\\copy jepsen_pushed FROM '$T/pushed' (DELIMITER ' ')" -c "\\copy jepsen_in_redis FROM '$T/in_redis'"
 report=$(psql_db -P format=aligned -P tuples_only=off -v faults="${#PLAN[@]}" -f "$HERE/check.sql")
 echo "$report"
-# overlaps + fence regressions + lost rows + lost jobs (confirmed pushes neither run nor in Redis)
-bad=$(psql_db -v faults=0 -f "$HERE/check.sql" | head -1 | awk -F'|' '{print $5 + $6 + $7 + $12}')
+# overlaps + fence regressions + lost rows + lost jobs (confirmed pushes neither run nor in
+# Redis) + stale accepted writes
+bad=$(psql_db -v faults=0 -f "$HERE/check.sql" | head -1 | awk -F'|' '{print $5 + $6 + $7 + $12 + $17}')
 if [ "$bad" != 0 ]; then
   mkdir -p "$KEEP"; k="$KEEP/$(date -u +%Y%m%dT%H%M%S)-$FENCE-$RECIPE-seed$SEED-$$"; mkdir -p "$k"
   in_ns db setpriv --reuid=nobody --regid=nogroup --clear-groups -- "$PGBIN/pg_dump" -h "$T/pg" -U postgres postgres > "$k/history.sql"
   cp "$T"/w*.log "$k/" 2>/dev/null; printf '%s\n' "${PLAN[@]}" > "$k/schedule"
-  say "INVARIANT BROKEN ($bad overlaps+regressions+lost rows+lost jobs); history kept in $k"
+  say "INVARIANT BROKEN ($bad overlaps+regressions+lost rows+lost jobs+stale writes); history kept in $k"
   exit 1
 fi
-say "ok: no overlap, no fence regression, no row or confirmed job lost"
+say "ok: no overlap, no stale write accepted, no fence regression, no row or confirmed job lost"
