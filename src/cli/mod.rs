@@ -137,6 +137,9 @@ struct RunArgs {
     /// a refused start; see docs/operations.md).
     #[arg(long = "allow-eviction")]
     allow_eviction: bool,
+    /// Enqueue the schedule sidekiq-cron keeps in Redis, as the gem's poller does.
+    #[arg(long = "sidekiq-cron")]
+    sidekiq_cron: bool,
 }
 
 #[derive(Args)]
@@ -216,6 +219,7 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
         sidekiq_metrics: a.sidekiq_metrics,
         database_url: a.database.database_url.filter(|u| !u.is_empty()),
         allow_eviction: a.allow_eviction,
+        sidekiq_cron: a.sidekiq_cron,
         ..Config::default()
     };
     let file = match a.config {
@@ -240,6 +244,8 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
         if let Some(p) = f.poll_interval_average {
             c.poll_interval_average = p;
         }
+        c.sidekiq_cron |= f.sidekiq_cron.unwrap_or(false);
+        c.cron_poll_interval = f.cron_poll_interval.unwrap_or(c.cron_poll_interval);
     }
     if !a.queues.is_empty() {
         c.queues = crate::job::queues::QueueOrder::new(

@@ -6,11 +6,13 @@
 //! each loop.
 
 pub mod capsules;
+pub mod cron_entry;
 pub mod eviction;
 pub mod heartbeat;
 pub mod periodic;
 pub mod periodic_tick;
 pub mod queue_heads;
 pub mod scheduled;
+pub mod sidekiq_cron;
 pub mod sweeper;
 pub mod watchdog;

@@ -36,6 +36,10 @@ pub struct Config {
     pub allow_eviction: bool,
     /// Shutdown requeues a job gets before it goes to dead (`--max-interruptions`).
     pub max_interruptions: u32,
+    /// `--sidekiq-cron` / `sidekiq_cron: true`: fire the gem's schedule (`loops/sidekiq_cron.rs`).
+    pub sidekiq_cron: bool,
+    /// The gem's `cron_poll_interval` (seconds, 30; 0 turns its poller off).
+    pub cron_poll_interval: f64,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -62,6 +66,8 @@ impl Default for Config {
             database_url: None,
             allow_eviction: false,
             max_interruptions: crate::job::interrupted::DEFAULT_MAX_INTERRUPTIONS,
+            sidekiq_cron: false,
+            cron_poll_interval: 30.0,
         }
     }
 }
@@ -82,6 +88,8 @@ pub struct FileConfig {
     pub tag: Option<String>,
     pub labels: Option<Vec<String>>,
     pub poll_interval_average: Option<f64>,
+    pub sidekiq_cron: Option<bool>,
+    pub cron_poll_interval: Option<f64>,
 }
 
 /// Parse `-q name[,weight]`.
@@ -131,6 +139,17 @@ fn apply(section: &yaml_rust2::yaml::Hash, out: &mut FileConfig) -> Result<(), S
                     .ok_or(format!("{name} must be a number"))?,
             );
         }
+    }
+    if let Some(v) = key(section, "sidekiq_cron") {
+        out.sidekiq_cron = Some(v.as_bool().ok_or("sidekiq_cron must be true or false")?);
+    }
+    if let Some(v) = key(section, "cron_poll_interval") {
+        out.cron_poll_interval = Some(
+            v.as_f64()
+                .or_else(|| v.as_i64().map(|i| i as f64))
+                .filter(|s| *s >= 0.0)
+                .ok_or("cron_poll_interval must be a number of seconds")?,
+        );
     }
     if let Some(v) = key(section, "tag") {
         out.tag = v.as_str().map(str::to_string);
@@ -224,6 +243,23 @@ mod tests {
             vec![("critical".to_string(), 3), ("default".to_string(), 0)]
         );
         assert_eq!(load_file(&p, "production").unwrap().concurrency, Some(12));
+    }
+
+    #[test]
+    fn sidekiq_cron_keys() {
+        let vars = Default::default();
+        let f = parse_text(
+            "sidekiq_cron: true\n:cron_poll_interval: 5\n",
+            "development",
+            &vars,
+        );
+        let f = f.unwrap();
+        assert_eq!(
+            (f.sidekiq_cron, f.cron_poll_interval),
+            (Some(true), Some(5.0))
+        );
+        assert!(parse_text("sidekiq_cron: yes please\n", "development", &vars).is_err());
+        assert!(parse_text("cron_poll_interval: -1\n", "development", &vars).is_err());
     }
 
     #[test]
