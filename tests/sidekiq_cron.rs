@@ -340,3 +340,75 @@ fn assert_history_and_web(redis: &RedisServer, pg_tick: &[String]) {
     let shown = web_last_enqueue(redis, "tick");
     assert_eq!(shown, t.format("%Y-%m-%dT%H:%M:%SZ").to_string());
 }
+
+/// The gem's gate, alone: `save` claims the current tick of a new entry (so that a poller
+/// started right after does not fire it), with no `last_enqueue_time` written; playguard must
+/// leave that tick alone and only fire the next. Beside it, an entry whose queue key holds a
+/// string is refused whole (nothing written, the reason logged) and the others go on.
+#[test]
+fn a_claimed_tick_is_left_and_a_bad_queue_key_loses_nothing() {
+    if !gem_available() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let p = Project::with_jobs(&[("PgOnlyJob", "noop", "#!/bin/sh\n")]);
+    p.write("sidekiq.yml", SIDEKIQ_YML);
+    // Claim a tick with most of its minute still ahead, so playguard polls inside it.
+    wait_until("a minute's first 40 s", Duration::from_secs(30), || {
+        chrono::Utc::now().format("%S").to_string() < "40".to_string()
+    });
+    let claimed = ruby(
+        &redis,
+        r#"
+require 'sidekiq-cron'
+Sidekiq::Cron::Job.create(name: 'minute', cron: '* * * * *', class: 'MinuteJob', queue: 'minute')
+Sidekiq::Cron::Job.create(name: 'tick', cron: '* * * * * *', class: 'CronTickJob', queue: 'cron')
+Sidekiq::Cron::Job.create(name: 'blocked', cron: '* * * * * *', class: 'BlockedJob', queue: 'blocked')
+Sidekiq.redis { |c| c.set('queue:blocked', 'not a list') }
+puts Sidekiq.redis { |c| c.zrange('cron_job:minute:enqueued', 0, -1) }
+"#,
+    );
+    let claimed = claimed.trim().to_string();
+    let minute = &claimed[..17];
+    let mut w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["-q", "pg_only", "--sidekiq-cron", "-C"])
+        .arg(p.path().join("sidekiq.yml"))
+        .start();
+    wait_until(
+        "polls inside the claimed minute",
+        Duration::from_secs(60),
+        || {
+            w.lines()
+                .iter()
+                .filter(|l| l.contains("cron=tick ") && l.contains(&format!("tick={minute}")))
+                .count()
+                >= 2
+        },
+    );
+    w.wait_for_line("key=cron_job:blocked", Duration::from_secs(30));
+    w.stop(Duration::from_secs(30));
+    let fired: Vec<String> = w
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("sidekiq-cron: enqueued cron=minute "))
+        .collect();
+    assert!(
+        fired
+            .iter()
+            .all(|l| !l.contains(&format!("tick={claimed}"))),
+        "the claimed tick {claimed} fired again: {fired:?}"
+    );
+    assert_eq!(redis.llen("queue:minute"), fired.len());
+    assert_eq!(ticks(&redis, "minute").len(), 1 + fired.len());
+    // The refused entry: its queue key as it was, no tick taken, one reason logged.
+    let kept: String = redis::cmd("GET")
+        .arg("queue:blocked")
+        .query(&mut redis.conn())
+        .unwrap();
+    assert_eq!(kept, "not a list");
+    assert_eq!(ticks(&redis, "blocked").len(), 1);
+    let reason = w.line_with("key=cron_job:blocked").unwrap();
+    assert!(reason.contains("queue:blocked holds a string"), "{reason}");
+    assert_eq!(w.count_lines("key=cron_job:blocked"), 1, "logged once");
+}
