@@ -355,7 +355,7 @@ fn a_claimed_tick_is_left_and_a_bad_queue_key_loses_nothing() {
     p.write("sidekiq.yml", SIDEKIQ_YML);
     // Claim a tick with most of its minute still ahead, so playguard polls inside it.
     wait_until("a minute's first 40 s", Duration::from_secs(30), || {
-        chrono::Utc::now().format("%S").to_string() < "40".to_string()
+        chrono::Timelike::second(&chrono::Utc::now()) < 40
     });
     let claimed = ruby(
         &redis,
