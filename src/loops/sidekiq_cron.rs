@@ -96,7 +96,8 @@ async fn poll(worker: &Worker, logged: &mut HashSet<String>) -> redis::RedisResu
             continue;
         }
         let outcome = match CronEntry::from_hash(&hash) {
-            Ok(entry) => fire(worker, &entry, now).await,
+            // A Redis error ends the poll, as in the gem: the next interval tries again.
+            Ok(entry) => fire(worker, &entry, now).await?,
             Err(reason) => Err(reason),
         };
         if let Err(reason) = outcome {
@@ -112,13 +113,21 @@ async fn poll(worker: &Worker, logged: &mut HashSet<String>) -> redis::RedisResu
     Ok(())
 }
 
-/// Enqueue the entry's due tick unless another process has it. Err: why it cannot be pushed.
-async fn fire(worker: &Worker, entry: &CronEntry, now: f64) -> Result<(), String> {
+/// Enqueue the entry's due tick unless another process has it. Inner Err: why the entry
+/// cannot be pushed (it stays as it is).
+async fn fire(
+    worker: &Worker,
+    entry: &CronEntry,
+    now: f64,
+) -> redis::RedisResult<Result<(), String>> {
     let Some(tick) = entry.due_tick(now) else {
-        return Ok(());
+        return Ok(Ok(()));
     };
     let at = now_f64();
-    let (queue, payload, jid) = entry.payload(at)?;
+    let (queue, payload, jid) = match entry.payload(at) {
+        Ok(p) => p,
+        Err(reason) => return Ok(Err(reason)),
+    };
     let enqueued = cron_entry::enqueue_time_text(at);
     let name = &entry.name;
     let mut inv = ENQUEUE.prepare_invoke();
@@ -136,11 +145,8 @@ async fn fire(worker: &Worker, entry: &CronEntry, now: f64) -> Result<(), String
         .arg(format!("({}", at - REMEMBER_SECS))
         .arg(&queue);
     let mut conn = worker.conn.clone();
-    let reply: Vec<redis::Value> = inv
-        .invoke_async(&mut conn)
-        .await
-        .map_err(|e| format!("Redis: {e}"))?;
-    match reply.as_slice() {
+    let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await?;
+    Ok(match reply.as_slice() {
         [redis::Value::Int(1)] => {
             let tick = cron_entry::member(tick);
             tracing::info!(cron = %name, %jid, %queue, %tick, "sidekiq-cron: enqueued");
@@ -152,7 +158,7 @@ async fn fire(worker: &Worker, entry: &CronEntry, now: f64) -> Result<(), String
             text(kind)
         )),
         _ => Ok(()),
-    }
+    })
 }
 
 fn text(v: &redis::Value) -> String {
