@@ -412,6 +412,23 @@ mod tests {
         assert_eq!(v["args"][0]["arguments"], serde_json::json!([]));
     }
 
+    /// fugit's `previous_time` from 2025-12-07T16:00:00Z (a Sunday), and from half a second
+    /// past it: zones as the line's last field, the current second never counted.
+    #[test]
+    fn previous_times_are_fugits() {
+        for (line, now, fugit) in [
+            ("0 12 * * * Europe/Berlin", 1765123200.0, 1765105200),
+            ("30 9 * * 1-5 America/New_York", 1765123200.0, 1764945000),
+            ("*/15 * * * *", 1765123200.5, 1765122300),
+        ] {
+            let s = schedule_of(line).unwrap();
+            assert_eq!(s.due(now as i64 - 1, 7 * 86400), Some(fugit), "{line}");
+        }
+        let e = entry(&[("name", "a"), ("cron", "*/15 * * * *"), ("klass", "K")]).unwrap();
+        assert_eq!(e.due_tick(1765123200.5), None);
+        assert_eq!(e.due_tick(1765123201.0), Some(1765123200));
+    }
+
     #[test]
     fn lines_and_errors() {
         let zoned = schedule_of("0 12 * * * Europe/Berlin").unwrap();
