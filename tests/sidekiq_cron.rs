@@ -26,8 +26,9 @@ Sidekiq.configure_server do |config|
 end
 "##;
 
-/// Every second, for every process: one poll a second on average, the gem's key.
-const SIDEKIQ_YML: &str = ":cron_poll_interval: 1\n";
+/// Shared by all processes, in the gem's keys: one poll a second on average, and a jid
+/// history of 5 (not the default 10), which both sides keep.
+const SIDEKIQ_YML: &str = ":cron_poll_interval: 1\n:cron_history_size: 5\n";
 
 /// A Ruby Sidekiq process, killed on drop if still running.
 struct RubySidekiq(Child);
@@ -315,7 +316,7 @@ fn assert_history_and_web(redis: &RedisServer, pg_tick: &[String]) {
         .map(|s| serde_json::from_str(s).unwrap())
         .collect();
     let jobs = redis.llen("queue:cron");
-    assert_eq!(history.len(), jobs.min(10), "the gem keeps 10");
+    assert_eq!(history.len(), jobs.min(5), "cron_history_size: 5");
     assert!(history.iter().all(|h| keys(h) == ["jid", "enqueued"]));
     let newest = history[0]["jid"].as_str().unwrap();
     assert!(

@@ -228,6 +228,7 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
     };
     if let Some(path) = file {
         let f = config::load_file(&path, &c.env).map_err(|e| e.to_string())?;
+        f.apply_cron(&mut c);
         if let Some(n) = f.concurrency {
             c.concurrency = n;
         }
@@ -244,8 +245,6 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
         if let Some(p) = f.poll_interval_average {
             c.poll_interval_average = p;
         }
-        c.sidekiq_cron |= f.sidekiq_cron.unwrap_or(false);
-        c.cron_poll_interval = f.cron_poll_interval.unwrap_or(c.cron_poll_interval);
     }
     if !a.queues.is_empty() {
         c.queues = crate::job::queues::QueueOrder::new(

@@ -10,6 +10,8 @@
 //! script, so the gate is the same member, the Ruby processes see our ticks as theirs, and a
 //! crash cannot land between the ZADD and the push.
 //!
+//! The jid history keeps the gem's `cron_history_size` (10) entries.
+//!
 //! Interval: the gem's `cron_poll_interval` (30 s; `cron_poll_interval:` in sidekiq.yml),
 //! slept as Sidekiq's poller sleeps it: uniform around it (half to one and a half) while fewer
 //! than 10 processes are registered, else up to it.
@@ -27,9 +29,6 @@ use std::time::Duration;
 
 static ENQUEUE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/cron_enqueue.lua")));
-
-/// The gem keeps `cron_history_size` (10) entries of each job's jid history.
-const HISTORY_SIZE: usize = 10;
 
 /// The gem forgets an `:enqueued` member a day after the poll that added it.
 const REMEMBER_SECS: f64 = 24.0 * 3600.0;
@@ -141,7 +140,8 @@ async fn fire(
         .arg(&payload)
         .arg(&enqueued)
         .arg(cron_entry::history_entry(&jid, &enqueued))
-        .arg(HISTORY_SIZE - 1)
+        // The gem's LTRIM bound, `cron_history_size - 1` (so 0 keeps every entry, as there).
+        .arg(worker.config.cron_history_size - 1)
         .arg(format!("({}", at - REMEMBER_SECS))
         .arg(&queue);
     let mut conn = worker.conn.clone();

@@ -40,6 +40,8 @@ pub struct Config {
     pub sidekiq_cron: bool,
     /// The gem's `cron_poll_interval` (seconds, 30; 0 turns its poller off).
     pub cron_poll_interval: f64,
+    /// The gem's `cron_history_size`: the jid-history entries kept per cron job (10).
+    pub cron_history_size: i64,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -68,6 +70,7 @@ impl Default for Config {
             max_interruptions: crate::job::interrupted::DEFAULT_MAX_INTERRUPTIONS,
             sidekiq_cron: false,
             cron_poll_interval: 30.0,
+            cron_history_size: 10,
         }
     }
 }
@@ -90,6 +93,16 @@ pub struct FileConfig {
     pub poll_interval_average: Option<f64>,
     pub sidekiq_cron: Option<bool>,
     pub cron_poll_interval: Option<f64>,
+    pub cron_history_size: Option<i64>,
+}
+
+impl FileConfig {
+    /// The sidekiq-cron keys, over `c` (the flag `--sidekiq-cron` is set already and stays).
+    pub fn apply_cron(&self, c: &mut Config) {
+        c.sidekiq_cron |= self.sidekiq_cron.unwrap_or(false);
+        c.cron_poll_interval = self.cron_poll_interval.unwrap_or(c.cron_poll_interval);
+        c.cron_history_size = self.cron_history_size.unwrap_or(c.cron_history_size);
+    }
 }
 
 /// Parse `-q name[,weight]`.
@@ -149,6 +162,12 @@ fn apply(section: &yaml_rust2::yaml::Hash, out: &mut FileConfig) -> Result<(), S
                 .or_else(|| v.as_i64().map(|i| i as f64))
                 .filter(|s| *s >= 0.0)
                 .ok_or("cron_poll_interval must be a number of seconds")?,
+        );
+    }
+    if let Some(v) = key(section, "cron_history_size") {
+        out.cron_history_size = Some(
+            v.as_i64()
+                .ok_or("cron_history_size must be a whole number")?,
         );
     }
     if let Some(v) = key(section, "tag") {
@@ -248,15 +267,13 @@ mod tests {
     #[test]
     fn sidekiq_cron_keys() {
         let vars = Default::default();
-        let f = parse_text(
-            "sidekiq_cron: true\n:cron_poll_interval: 5\n",
-            "development",
-            &vars,
-        );
-        let f = f.unwrap();
+        let text = "sidekiq_cron: true\n:cron_poll_interval: 5\ncron_history_size: 3\n";
+        let f = parse_text(text, "development", &vars).unwrap();
+        let mut c = Config::default();
+        f.apply_cron(&mut c);
         assert_eq!(
-            (f.sidekiq_cron, f.cron_poll_interval),
-            (Some(true), Some(5.0))
+            (c.sidekiq_cron, c.cron_poll_interval, c.cron_history_size),
+            (true, 5.0, 3)
         );
         assert!(parse_text("sidekiq_cron: yes please\n", "development", &vars).is_err());
         assert!(parse_text("cron_poll_interval: -1\n", "development", &vars).is_err());
