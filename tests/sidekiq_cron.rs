@@ -346,7 +346,8 @@ fn assert_history_and_web(redis: &RedisServer, pg_tick: &[String]) {
 /// The gem's gate, alone: `save` claims the current tick of a new entry (so that a poller
 /// started right after does not fire it), with no `last_enqueue_time` written; playguard must
 /// leave that tick alone and only fire the next. Beside it, an entry whose queue key holds a
-/// string is refused whole (nothing written, the reason logged) and the others go on.
+/// string is refused whole (nothing written, the reason logged), as is a `cron_jobs` member
+/// whose key is not a hash, and the others go on.
 #[test]
 fn a_claimed_tick_is_left_and_a_bad_queue_key_loses_nothing() {
     if !gem_available() {
@@ -367,6 +368,7 @@ Sidekiq::Cron::Job.create(name: 'minute', cron: '* * * * *', class: 'MinuteJob',
 Sidekiq::Cron::Job.create(name: 'tick', cron: '* * * * * *', class: 'CronTickJob', queue: 'cron')
 Sidekiq::Cron::Job.create(name: 'blocked', cron: '* * * * * *', class: 'BlockedJob', queue: 'blocked')
 Sidekiq.redis { |c| c.set('queue:blocked', 'not a list') }
+Sidekiq.redis { |c| c.sadd('cron_jobs', 'cron_job:broken'); c.set('cron_job:broken', 'not a hash') }
 puts Sidekiq.redis { |c| c.zrange('cron_job:minute:enqueued', 0, -1) }
 "#,
     );
@@ -389,6 +391,7 @@ puts Sidekiq.redis { |c| c.zrange('cron_job:minute:enqueued', 0, -1) }
         },
     );
     w.wait_for_line("key=cron_job:blocked", Duration::from_secs(30));
+    w.wait_for_line("key=cron_job:broken", Duration::from_secs(30));
     w.stop(Duration::from_secs(30));
     let fired: Vec<String> = w
         .lines()
@@ -413,4 +416,7 @@ puts Sidekiq.redis { |c| c.zrange('cron_job:minute:enqueued', 0, -1) }
     let reason = w.line_with("key=cron_job:blocked").unwrap();
     assert!(reason.contains("queue:blocked holds a string"), "{reason}");
     assert_eq!(w.count_lines("key=cron_job:blocked"), 1, "logged once");
+    let broken = w.line_with("key=cron_job:broken").unwrap();
+    assert!(broken.contains("WRONGTYPE"), "{broken}");
+    assert_eq!(w.count_lines("key=cron_job:broken"), 1, "logged once");
 }

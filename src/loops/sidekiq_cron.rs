@@ -88,15 +88,19 @@ async fn poll(worker: &Worker, logged: &mut HashSet<String>) -> redis::RedisResu
     for key in &keys {
         pipe.hgetall(key);
     }
-    let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
+    // One key of another type (or a value that is not text) is that entry's fault alone: the
+    // gem's poll would fail whole on it, ours goes on with the others.
+    let hashes: Vec<redis::RedisResult<HashMap<String, String>>> =
+        pipe.ignore_errors().query_async(&mut conn).await?;
     let now = now_f64();
     for (key, hash) in keys.iter().zip(hashes) {
-        if hash.is_empty() {
-            continue;
-        }
-        let outcome = match CronEntry::from_hash(&hash) {
+        let outcome = match hash.map_err(|e| e.to_string()) {
+            Ok(hash) if hash.is_empty() => continue,
             // A Redis error ends the poll, as in the gem: the next interval tries again.
-            Ok(entry) => fire(worker, &entry, now).await?,
+            Ok(hash) => match CronEntry::from_hash(&hash) {
+                Ok(entry) => fire(worker, &entry, now).await?,
+                Err(reason) => Err(reason),
+            },
             Err(reason) => Err(reason),
         };
         if let Err(reason) = outcome {
