@@ -71,7 +71,8 @@ async fn interval(worker: &Worker, average: f64) -> Duration {
     } else {
         average * r
     };
-    Duration::from_secs_f64(secs)
+    // A sidekiq.yml value too large for a Duration waits a year rather than panicking.
+    Duration::try_from_secs_f64(secs).unwrap_or(Duration::from_secs(365 * 24 * 3600))
 }
 
 /// One poll: every entry of `cron_jobs`, at one `now`, as the gem's `Poller#enqueue`.
