@@ -137,6 +137,9 @@ struct RunArgs {
     /// a refused start; see docs/operations.md).
     #[arg(long = "allow-eviction")]
     allow_eviction: bool,
+    /// Enqueue the schedule sidekiq-cron keeps in Redis, as the gem's poller does.
+    #[arg(long = "sidekiq-cron")]
+    sidekiq_cron: bool,
 }
 
 #[derive(Args)]
@@ -216,6 +219,7 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
         sidekiq_metrics: a.sidekiq_metrics,
         database_url: a.database.database_url.filter(|u| !u.is_empty()),
         allow_eviction: a.allow_eviction,
+        sidekiq_cron: a.sidekiq_cron,
         ..Config::default()
     };
     let file = match a.config {
@@ -224,6 +228,7 @@ fn build_config(a: RunArgs) -> Result<(Config, LogFormat), String> {
     };
     if let Some(path) = file {
         let f = config::load_file(&path, &c.env).map_err(|e| e.to_string())?;
+        f.apply_cron(&mut c);
         if let Some(n) = f.concurrency {
             c.concurrency = n;
         }

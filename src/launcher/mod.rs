@@ -4,7 +4,7 @@
 //! working lists -> heartbeat cleared (`processes`, `<identity>:work`) -> exit 0.
 
 use crate::job::handler::Registry;
-use crate::loops::{heartbeat, periodic, scheduled, sweeper, watchdog};
+use crate::loops::{heartbeat, periodic, scheduled, sidekiq_cron, sweeper, watchdog};
 use crate::manager;
 use crate::manifest::jobs as manifest_jobs;
 use crate::manifest::PeriodicSpec;
@@ -439,6 +439,9 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     side.spawn(scheduled::run(worker.clone()).instrument(root.clone()));
     for p in periodic {
         side.spawn(periodic::run(worker.clone(), p).instrument(root.clone()));
+    }
+    if worker.config.sidekiq_cron {
+        side.spawn(sidekiq_cron::run(worker.clone()).instrument(root.clone()));
     }
     Loops {
         signals,

@@ -36,6 +36,12 @@ pub struct Config {
     pub allow_eviction: bool,
     /// Shutdown requeues a job gets before it goes to dead (`--max-interruptions`).
     pub max_interruptions: u32,
+    /// `--sidekiq-cron` / `sidekiq_cron: true`: fire the gem's schedule (`loops/sidekiq_cron.rs`).
+    pub sidekiq_cron: bool,
+    /// The gem's `cron_poll_interval` (seconds, 30; 0 turns its poller off).
+    pub cron_poll_interval: f64,
+    /// The gem's `cron_history_size`: the jid-history entries kept per cron job (10).
+    pub cron_history_size: i64,
 }
 
 /// Default of `--max-payload-bytes`: far above any job Sidekiq's client writes (its args are
@@ -62,6 +68,9 @@ impl Default for Config {
             database_url: None,
             allow_eviction: false,
             max_interruptions: crate::job::interrupted::DEFAULT_MAX_INTERRUPTIONS,
+            sidekiq_cron: false,
+            cron_poll_interval: 30.0,
+            cron_history_size: 10,
         }
     }
 }
@@ -82,6 +91,18 @@ pub struct FileConfig {
     pub tag: Option<String>,
     pub labels: Option<Vec<String>>,
     pub poll_interval_average: Option<f64>,
+    pub sidekiq_cron: Option<bool>,
+    pub cron_poll_interval: Option<f64>,
+    pub cron_history_size: Option<i64>,
+}
+
+impl FileConfig {
+    /// The sidekiq-cron keys, over `c` (the flag `--sidekiq-cron` is set already and stays).
+    pub fn apply_cron(&self, c: &mut Config) {
+        c.sidekiq_cron |= self.sidekiq_cron.unwrap_or(false);
+        c.cron_poll_interval = self.cron_poll_interval.unwrap_or(c.cron_poll_interval);
+        c.cron_history_size = self.cron_history_size.unwrap_or(c.cron_history_size);
+    }
 }
 
 /// Parse `-q name[,weight]`.
@@ -131,6 +152,23 @@ fn apply(section: &yaml_rust2::yaml::Hash, out: &mut FileConfig) -> Result<(), S
                     .ok_or(format!("{name} must be a number"))?,
             );
         }
+    }
+    if let Some(v) = key(section, "sidekiq_cron") {
+        out.sidekiq_cron = Some(v.as_bool().ok_or("sidekiq_cron must be true or false")?);
+    }
+    if let Some(v) = key(section, "cron_poll_interval") {
+        out.cron_poll_interval = Some(
+            v.as_f64()
+                .or_else(|| v.as_i64().map(|i| i as f64))
+                .filter(|s| *s >= 0.0)
+                .ok_or("cron_poll_interval must be a number of seconds")?,
+        );
+    }
+    if let Some(v) = key(section, "cron_history_size") {
+        out.cron_history_size = Some(
+            v.as_i64()
+                .ok_or("cron_history_size must be a whole number")?,
+        );
     }
     if let Some(v) = key(section, "tag") {
         out.tag = v.as_str().map(str::to_string);
@@ -224,6 +262,21 @@ mod tests {
             vec![("critical".to_string(), 3), ("default".to_string(), 0)]
         );
         assert_eq!(load_file(&p, "production").unwrap().concurrency, Some(12));
+    }
+
+    #[test]
+    fn sidekiq_cron_keys() {
+        let vars = Default::default();
+        let text = "sidekiq_cron: true\n:cron_poll_interval: 5\ncron_history_size: 3\n";
+        let f = parse_text(text, "development", &vars).unwrap();
+        let mut c = Config::default();
+        f.apply_cron(&mut c);
+        assert_eq!(
+            (c.sidekiq_cron, c.cron_poll_interval, c.cron_history_size),
+            (true, 5.0, 3)
+        );
+        assert!(parse_text("sidekiq_cron: yes please\n", "development", &vars).is_err());
+        assert!(parse_text("cron_poll_interval: -1\n", "development", &vars).is_err());
     }
 
     #[test]
