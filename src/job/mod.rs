@@ -1,8 +1,8 @@
 //! The job: what a popped payload is (Sidekiq's JSON rules), which queue it lives in, the
 //! handlers a class runs, how a failure is retried or sent to dead (Sidekiq's job_retry.rb),
 //! the push that puts a new job on its queue (Sidekiq::Client), and when the scheduled poller
-//! next wakes (`next_due.rs`). Keys: `queue:<q>`,
-//! `queues`, `retry`, `schedule`, `dead`.
+//! next wakes (`next_due.rs`), and the server side of sidekiq-unique-jobs (`unique_jobs.rs`).
+//! Keys: `queue:<q>`, `queues`, `retry`, `schedule`, `dead`, `uniquejobs:*`.
 
 pub mod client;
 pub mod error_class;
@@ -15,3 +15,5 @@ pub mod queues;
 pub mod report;
 pub mod retry;
 pub mod retry_policy;
+pub mod unique_fields;
+pub mod unique_jobs;

@@ -141,11 +141,15 @@ async fn run_job(
     let handler = worker.registry.get(&class);
     let known = handler.is_some();
     let policy = handler.as_ref().and_then(|h| h.retry_policy());
+    // sidekiq-unique-jobs (job/unique_jobs.rs): a lock another job holds may be the outcome.
+    let unique = crate::job::unique_jobs::Unique::of(&job);
+    let kept = crate::job::unique_jobs::before_if(&worker.conn, &job, unique.as_deref()).await;
     // The run and its first poll stay in this future (no async step of their own): a nested
     // future per job cost some 250 instructions and two copies of it (bench/profile.sh).
-    let outcome = match handler {
-        None => unknown_class(&class),
-        Some(h) => {
+    let outcome = match (kept, handler) {
+        (Some(Err(conflict)), _) => conflict,
+        (_, None) => unknown_class(&class),
+        (_, Some(h)) => {
             let ctx = context(worker, &f, &job, (jid, class.clone()), &lease, &slot);
             let (mut run, grace) = start(&*h, ctx);
             // The job first: one that is done at its first poll (most are) never arms the
@@ -171,6 +175,7 @@ async fn run_job(
         elapsed_ms: (took.as_secs_f64() * 10_000.0).round() / 10.0,
     };
     let outcome = handed_back_if_lapsed(outcome, &lease);
+    crate::job::unique_jobs::after_if(&worker.conn, unique.as_deref(), &outcome).await;
     record(worker, &job, &f.queue, &ran, &outcome, run_at);
     if let Some(write) = settle(worker, f, &job, outcome, &ran, &lease, lines) {
         write.await;
@@ -377,6 +382,12 @@ fn settle<'a>(
 fn fate_of(decision: &Decision, failure: &Failure) -> (&'static str, Option<JobFate>) {
     match decision {
         Decision::Retry { .. } => ("retry scheduled", Some(JobFate::Retried)),
+        Decision::Dead { .. }
+            if failure.verdict == Some(retry::Verdict::Kill)
+                && failure.class == crate::job::unique_jobs::CONFLICT =>
+        {
+            ("on_conflict reject: moved to dead", Some(JobFate::Dead))
+        }
         Decision::Dead { .. } if failure.verdict == Some(retry::Verdict::Kill) => (
             "killed by its exit code: moved to dead",
             Some(JobFate::Dead),
