@@ -340,3 +340,70 @@ fn a_collector_that_never_answers_delays_no_job_and_drops_are_counted() {
         .copied();
     assert!(dropped.is_some_and(|d| d >= 10.0), "dropped: {dropped:?}");
 }
+
+#[test]
+fn playguard_enqueue_pushes_under_a_publish_span_that_the_job_span_follows() {
+    let redis = RedisServer::start();
+    let rx = Receiver::start(true);
+    let out = std::process::Command::new(bin())
+        .args(["enqueue", "-r", &redis.url(), "Quick", "--queue", "default"])
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .output()
+        .unwrap();
+    assert_success(&out);
+    let queued = redis.lrange("queue:default");
+    let job: serde_json::Value = serde_json::from_str(&queued[0]).unwrap();
+    let tp = job["traceparent"]
+        .as_str()
+        .expect("a traceparent")
+        .to_string();
+    let parts: Vec<&str> = tp.split('-').collect();
+    assert_eq!((parts.len(), parts[0], parts[3]), (4, "00", "01"), "{tp}");
+    // Sent at the command's exit (the flush at stop), so already here.
+    let publish = span_named(&rx, parts[1], "default publish");
+    assert_eq!(hex(&publish.span_id), parts[2]);
+    assert_eq!(publish.kind, 4, "a producer span");
+
+    let p = project();
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .start();
+    let process = span_named(&rx, parts[1], "default process");
+    assert_eq!(process.parent_span_id, publish.span_id);
+}
+
+#[test]
+fn a_collector_that_is_down_delays_no_job_and_its_failures_are_counted_and_said_once() {
+    let redis = RedisServer::start();
+    let p = project();
+    let (dead, metrics) = (free_port(), free_port());
+    let w = Worker::builder(&redis)
+        .jobs(p.path())
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics}")])
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{dead}"),
+        )
+        .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+        .start();
+    w.wait_for_line("playguard starting", Duration::from_secs(10));
+    push_to_default(&redis, payload("Quick", "cccccccccccccccccccccccc", ""));
+    w.wait_for_line("done elapsed_ms", Duration::from_secs(30));
+    w.wait_for_line("traces: export failed", Duration::from_secs(30));
+    push_to_default(&redis, payload("Quick", "dddddddddddddddddddddddd", ""));
+    let failed = || {
+        scrape(metrics)
+            .get("playguard_trace_exports_failed_total")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    wait_until("a second failed export", Duration::from_secs(30), || {
+        failed() >= 2.0
+    });
+    wait_until("both jobs done", Duration::from_secs(30), || {
+        w.count_lines("done elapsed_ms") == 2
+    });
+    assert_eq!(w.count_lines("traces: export failed"), 1, "said once");
+}

@@ -389,9 +389,9 @@ impl Metrics {
     }
 
     /// The unlabelled families, read from their atomics: two gauges, the fetch counters, the
-    /// spans dropped.
+    /// trace export's drops and failures.
     fn write_singles(&self, out: &mut String) {
-        let singles: [(&str, &str, &str, String); 5] = [
+        let singles: [(&str, &str, &str, String); 6] = [
             (
                 "playguard_busy_slots",
                 "gauge",
@@ -421,6 +421,12 @@ impl Metrics {
                 "counter",
                 "Spans dropped because the OTLP export queue was full (traces/gate.rs).",
                 crate::traces::dropped().to_string(),
+            ),
+            (
+                "playguard_trace_exports_failed_total",
+                "counter",
+                "OTLP export requests that failed (their spans are lost).",
+                crate::traces::failed_exports().to_string(),
             ),
         ];
         for (name, kind, help, v) in singles {

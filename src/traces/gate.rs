@@ -3,22 +3,51 @@
 //! series of `metrics/prometheus.rs`). The SDK's batch processor does the batching and keeps
 //! a bound of its own, but its drop count is private: this gate counts first, holding no more
 //! spans than the processor's queue takes, so the processor itself never drops one. A span's
-//! end is a counter increment and a channel send: no job waits on a collector. Touches no
-//! Redis keys.
+//! end is a counter increment and a channel send: no job waits on a collector. Failed exports
+//! are counted too (`playguard_trace_exports_failed_total`) and said in a line when exports
+//! start or stop failing. Touches no Redis keys.
 
 use opentelemetry::Context;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{BatchSpanProcessor, Span, SpanData, SpanExporter, SpanProcessor};
 use opentelemetry_sdk::Resource;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Spans dropped because the export queue was full, since the start.
 static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Export requests that failed (refused, timed out, answered with an error), since the start.
+static FAILED: AtomicU64 = AtomicU64::new(0);
+/// Whether the last export failed: a line when that changes, not one per batch.
+static FAILING: AtomicBool = AtomicBool::new(false);
 
 pub(crate) fn dropped() -> u64 {
     DROPPED.load(Ordering::Relaxed)
+}
+
+pub(crate) fn failed_exports() -> u64 {
+    FAILED.load(Ordering::Relaxed)
+}
+
+/// One export's result, said once per change between failing and working. The SDK's own
+/// diagnostics are off (no `internal-logs`), so this is the only word of a dead collector.
+fn note(r: &OTelSdkResult, spans: usize) {
+    match r {
+        Err(e) => {
+            FAILED.fetch_add(1, Ordering::Relaxed);
+            if !FAILING.swap(true, Ordering::Relaxed) {
+                // The error may name the endpoint: passwords in it are hidden.
+                let error = crate::connections::redact::url(&e.to_string());
+                tracing::warn!(%error, spans, "traces: export failed (the spans of a failed export are lost; said again only once it works)");
+            }
+        }
+        Ok(()) => {
+            if FAILING.swap(false, Ordering::Relaxed) {
+                tracing::info!("traces: export works again");
+            }
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -88,6 +117,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         let n = batch.len();
         let r = self.inner.export(batch).await;
         self.waiting.fetch_sub(n, Ordering::Relaxed);
+        note(&r, n);
         r
     }
 

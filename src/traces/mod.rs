@@ -14,7 +14,7 @@ mod job;
 
 pub(crate) use carrier::{command_env, inject};
 pub(crate) use cycle::{carry, lock_event, phase, PhaseNames};
-pub(crate) use gate::dropped;
+pub(crate) use gate::{dropped, failed_exports};
 pub(crate) use job::{job_outcome, job_span, publish, within, JobNames};
 
 use opentelemetry::trace::TracerProvider as _;
