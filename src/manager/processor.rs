@@ -68,7 +68,7 @@ fn traced(job: &Job, names: &Names) -> Option<opentelemetry::Context> {
         class: job.wrapped().unwrap_or(job.class()),
         retry_count: job.retry_count(),
     };
-    crate::traces::job_span(names, job.msg())
+    crate::traces::job_span(names, &job.raw)
 }
 
 /// A job's names, each allocated once and shared by its slot, its context, its log lines and

@@ -6,7 +6,6 @@
 use opentelemetry::context::FutureExt as _;
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
-use serde_json::{Map, Value};
 
 /// The job's names as its span carries them.
 pub(crate) struct JobNames<'a> {
@@ -18,9 +17,10 @@ pub(crate) struct JobNames<'a> {
 }
 
 /// The job's span started, as the context its run is polled in; None with tracing off.
-pub(crate) fn job_span(names: JobNames<'_>, msg: &Map<String, Value>) -> Option<Context> {
+/// `raw`: the payload, where the parent's `traceparent` is read.
+pub(crate) fn job_span(names: JobNames<'_>, raw: &str) -> Option<Context> {
     let tracer = super::tracer()?;
-    let parent = super::carrier::parent_of(msg);
+    let parent = super::carrier::parent_of(raw);
     let mut attributes = vec![
         KeyValue::new("messaging.system", "sidekiq"),
         KeyValue::new("messaging.operation", "process"),
