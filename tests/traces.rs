@@ -407,3 +407,40 @@ fn a_collector_that_is_down_delays_no_job_and_its_failures_are_counted_and_said_
     });
     assert_eq!(w.count_lines("traces: export failed"), 1, "said once");
 }
+
+#[test]
+fn a_periodic_tick_pushes_its_jobs_under_one_publish_span() {
+    let redis = RedisServer::start();
+    let rx = Receiver::start(true);
+    let _: () = redis::cmd("SADD")
+        .arg(MARQUEE_SET)
+        .arg("m1")
+        .arg("m2")
+        .query(&mut redis.conn())
+        .unwrap();
+    let p = dispatch_project(1, "");
+    let _w = Worker::builder(&redis)
+        .jobs(p.path())
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", rx.endpoint())
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .start();
+    wait_until("a tick's two jobs", Duration::from_secs(30), || {
+        redis.llen("queue:marquees") >= 2
+    });
+    let queued = redis.lrange("queue:marquees");
+    let tps: Vec<String> = queued[queued.len() - 2..]
+        .iter()
+        .map(|j| {
+            let v: serde_json::Value = serde_json::from_str(j).unwrap();
+            v["traceparent"]
+                .as_str()
+                .expect("a traceparent")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(tps[0], tps[1], "one tick, one span: {tps:?}");
+    let parts: Vec<&str> = tps[0].split('-').collect();
+    let publish = span_named(&rx, parts[1], "marquees publish");
+    assert_eq!(hex(&publish.span_id), parts[2]);
+    assert_eq!(publish.kind, 4, "a producer span");
+}
