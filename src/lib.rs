@@ -32,6 +32,8 @@
 //!   Metrics tab.
 //! - `process/`: this process's identity, shutdown state, slot table, liveness lease, what it
 //!   knows of Redis's state, and sd_notify.
+//! - `traces/`: OpenTelemetry spans (a job's, a phase's) and their OTLP export, when an
+//!   endpoint is set; the trace context in payloads and commands' environments.
 //! - `connections/`: Redis (one server, following the primary by name or through Sentinel,
 //!   the shared and blocking connections), PostgreSQL and its TLS, redaction of secrets.
 //! - `logging/`: line formats, a job's log scope and lines, the one writer thread.
@@ -54,6 +56,7 @@ mod metrics;
 mod ops;
 mod process;
 mod report;
+mod traces;
 mod worker;
 
 // The library API (README "Library use", examples/, benches/), at its documented paths.

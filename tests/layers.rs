@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Top to bottom: a folder may import any folder after it, never one before it.
-const LAYERS: [&str; 16] = [
+const LAYERS: [&str; 17] = [
     "cli",
     "launcher",
     "ops",
@@ -23,6 +23,7 @@ const LAYERS: [&str; 16] = [
     "job",
     "metrics",
     "process",
+    "traces",
     "connections",
     "logging",
 ];

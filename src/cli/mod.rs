@@ -381,10 +381,13 @@ fn enqueue(a: EnqueueArgs) -> i32 {
         retry,
         at: a.in_secs.map(|s| crate::job::payload::now_f64() + s),
     };
+    crate::traces::start("playguard");
     let res = runtime().block_on(async {
         let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
-        Ok(crate::job::client::push(&mut conn, &job).await)
+        let push = crate::job::client::push(&mut conn, &job);
+        Ok(crate::traces::publish(&job.queue, push).await)
     });
+    crate::traces::stop(Duration::from_secs(2));
     match res {
         Err(e) => report(&e),
         Ok(Ok(jid)) => {

@@ -140,7 +140,9 @@ impl Stop {
 
 /// Run the command until it exits or `stop` resolves (then its group gets TERM and, after the
 /// stop's grace, KILL).
-pub async fn run(spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
+pub async fn run(mut spec: Spec<'_>, stop: impl Future<Output = Stop>) -> Exit {
+    // The current span (the job's, or its phase's) for the command's own spans.
+    crate::traces::command_env(&mut spec.env);
     let Some((prog, _)) = spec.argv.split_first() else {
         return Exit::SpawnFailed("empty argv".into());
     };

@@ -78,6 +78,17 @@ pub enum PhaseEnd {
     Stopped(StopCause),
 }
 
+impl PhaseEnd {
+    /// What a phase's span records as its error (None: it went well).
+    fn trace_error(&self) -> Option<String> {
+        match self {
+            PhaseEnd::Ok => None,
+            PhaseEnd::Failed(f) => Some(f.message.clone()),
+            PhaseEnd::Stopped(c) => Some(format!("stopped: {c:?}")),
+        }
+    }
+}
+
 /// One phase of a cycle. Command phases come from manifests (`reconcile::CommandPhase`); Rust
 /// phases implement this.
 pub trait Phase: Send + Sync + 'static {
@@ -212,6 +223,7 @@ impl ReleaseGuard {
         let lease = &held.lease;
         match lease.release_proving().await {
             Ok(()) => {
+                crate::traces::lock_event("lock released", lease.key(), held.fence());
                 tracing::info!(
                     lock_key = lease.key(),
                     fence = held.fence(),
@@ -231,7 +243,11 @@ impl ReleaseGuard {
     async fn release(&mut self, why: &str) {
         if let Some(held) = self.lease.take() {
             let lease = &held.lease;
-            match lease.release().await {
+            let released = lease.release().await;
+            if matches!(released, Ok(true)) {
+                crate::traces::lock_event("lock released", lease.key(), held.fence());
+            }
+            match released {
                 Ok(true) => tracing::info!(lock_key = lease.key(), fence = held.fence(), "lock released ({why})"),
                 Ok(false) => tracing::info!(lock_key = lease.key(),
                     "lock was no longer ours at release ({why}); the newer owner's lock is untouched"),
@@ -354,6 +370,7 @@ async fn take_lock(
         }
     };
     ctx.metrics.lock_event(&ctx.class, "acquired");
+    crate::traces::lock_event("lock acquired", key, held.fence());
     tracing::info!(lock_key = %key, fence = held.fence(), cycle_id = ?held.cycle_id(), ttl_secs = lock.ttl.as_secs_f64(), "{label}: lock acquired");
     Ok(held)
 }
@@ -524,7 +541,14 @@ impl Running<'_> {
         };
         // Phase output lines carry the jid (job scope), the guarded thing and the phase.
         let span = tracing::info_span!("phase", lock = %self.label, phase = %name);
-        let end = run_phase(phase.clone(), pctx).instrument(span).await;
+        let end = run_phase(phase.clone(), pctx).instrument(span);
+        let names = crate::traces::PhaseNames {
+            phase: name,
+            lock_key: self.key,
+            fence: self.fence,
+            step: (step.0 + 1, step.1),
+        };
+        let end = crate::traces::phase(names, end, PhaseEnd::trace_error).await;
         let took = started.elapsed();
         ctx.metrics
             .phase_finished(&ctx.class, name, took.as_secs_f64());
@@ -604,7 +628,14 @@ impl Running<'_> {
             };
             lost.to_string()
         } else {
-            held.renew().await.err()?.to_string()
+            let renewed = held.renew().await;
+            let event = if renewed.is_ok() {
+                "lock renewed"
+            } else {
+                "lock renewal failed"
+            };
+            crate::traces::lock_event(event, self.key, held.fence());
+            renewed.err()?.to_string()
         };
         self.ctx.metrics.lock_event(&self.ctx.class, "lost");
         tracing::warn!(phase = %name, lock_key = %self.key, reason = %lost,
@@ -655,7 +686,8 @@ impl Running<'_> {
 async fn run_phase(phase: Arc<dyn Phase>, ctx: PhaseContext) -> PhaseEnd {
     let backstop_ctx = ctx.clone();
     // Its lines keep the job's context (the scope) and the phase's (the span).
-    let mut task = tokio::spawn(crate::logging::scope::carry(phase.run(ctx)).in_current_span());
+    let run = crate::traces::carry(crate::logging::scope::carry(phase.run(ctx)));
+    let mut task = tokio::spawn(run.in_current_span());
     tokio::select! {
         r = &mut task => match r {
             Ok(end) => end,

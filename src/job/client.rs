@@ -27,6 +27,8 @@ impl NewJob {
         m.insert("args".into(), Value::Array(self.args.clone()));
         m.insert("jid".into(), Value::from(jid));
         m.insert("created_at".into(), float_value(now));
+        // The current span, where the Ruby client's tracing middleware puts it.
+        crate::traces::inject(&mut m);
         if self.at.is_none() {
             m.insert("enqueued_at".into(), float_value(now));
         }

@@ -231,6 +231,7 @@ pub async fn run_with(
     shutdown: Shutdown,
     signals: Signals,
 ) -> Result<(), StartError> {
+    crate::traces::start("playguard");
     let (worker, periodic) = build(config, registry, shutdown).await?;
     let loops = start(&worker, signals, periodic).await;
     let slots = Arc::new(Semaphore::new(worker.config.concurrency));
@@ -239,6 +240,9 @@ pub async fn run_with(
     manager::run(worker.clone(), slots, credits.clone()).await;
     tracing::info!("fetching stopped");
     stop(&worker, loops, &credits, credits_total).await;
+    // The last spans, for at most 2 s (a dead collector holds up no stop for longer).
+    let flush = || crate::traces::stop(Duration::from_secs(2));
+    let _ = tokio::task::spawn_blocking(flush).await;
     Ok(())
 }
 

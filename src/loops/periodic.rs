@@ -120,7 +120,8 @@ pub async fn run(worker: Arc<Worker>, spec: PeriodicSpec) {
                 now,
                 tick_end: next,
             };
-            match fanout.fire().await {
+            // One producer span per tick: its jobs carry it (`traces/job.rs`, `publish`).
+            match crate::traces::publish(&spec.queue, fanout.fire()).await {
                 Ok(outcome) => {
                     settled = Some(tick.n);
                     log_outcome(&spec, tick.n, outcome);

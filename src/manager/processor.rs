@@ -42,14 +42,33 @@ pub fn process(
                 queue: f.queue.clone(),
             });
             let lines = crate::logging::job_lines::JobLines::open(&tag);
+            // Tracing on: the run is polled inside the job's span (`traces/job.rs`).
+            let traced = crate::traces::on().then(|| traced(&job, &names)).flatten();
             let run = run_job(worker, f, job, names, lines, started);
-            Either::Left(crate::logging::scope::scoped(Some(tag), run))
+            let run = crate::logging::scope::scoped(Some(tag), run);
+            match traced {
+                None => Either::Left(run),
+                Some(cx) => Either::Right(Box::pin(crate::traces::within(cx, run)) as Boxed<'_>),
+            }
         }
         Err((why, entry)) => Either::Right(Box::pin(async move {
             let entry = entry.as_deref().unwrap_or(&f.raw);
             bury_garbage(worker, &f, &why, entry).await
-        })),
+        }) as Boxed<'_>),
     }
+}
+
+type Boxed<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
+/// The job's span, child of its payload's `traceparent` (tracing on only).
+fn traced(job: &Job, names: &Names) -> Option<opentelemetry::Context> {
+    let names = crate::traces::JobNames {
+        queue: &job.queue,
+        jid: &names.jid,
+        class: job.wrapped().unwrap_or(job.class()),
+        retry_count: job.retry_count(),
+    };
+    crate::traces::job_span(names, &job.raw)
 }
 
 /// A job's names, each allocated once and shared by its slot, its context, its log lines and
@@ -176,11 +195,23 @@ async fn run_job(
     };
     let outcome = handed_back_if_lapsed(outcome, &lease);
     crate::job::unique_jobs::after_if(&worker.conn, unique.as_deref(), &outcome).await;
+    trace_outcome(&outcome);
     record(worker, &job, &f.queue, &ran, &outcome, run_at);
     if let Some(write) = settle(worker, f, &job, outcome, &ran, &lease, lines) {
         write.await;
     }
     drop(slot);
+}
+
+/// The job span's status (traces/), when traces are exported.
+fn trace_outcome(outcome: &Outcome) {
+    if crate::traces::on() {
+        let failure = match outcome {
+            Outcome::Failed(e) => Some((&*e.class, &*e.message)),
+            _ => None,
+        };
+        crate::traces::job_outcome(failure);
+    }
 }
 
 /// Wall-clock seconds once, without a calendar (chrono's now() converts to one): `run_at`

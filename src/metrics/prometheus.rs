@@ -388,9 +388,10 @@ impl Metrics {
         }
     }
 
-    /// The unlabelled families, read from their atomics: two gauges, then the fetch counters.
+    /// The unlabelled families, read from their atomics: two gauges, the fetch counters, the
+    /// trace export's drops and failures.
     fn write_singles(&self, out: &mut String) {
-        let singles: [(&str, &str, &str, String); 4] = [
+        let singles: [(&str, &str, &str, String); 6] = [
             (
                 "playguard_busy_slots",
                 "gauge",
@@ -414,6 +415,18 @@ impl Metrics {
                 "counter",
                 "Fetch round trips to Redis.",
                 self.fetch_calls.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "playguard_trace_spans_dropped_total",
+                "counter",
+                "Spans dropped because the OTLP export queue was full (traces/gate.rs).",
+                crate::traces::dropped().to_string(),
+            ),
+            (
+                "playguard_trace_exports_failed_total",
+                "counter",
+                "OTLP export requests that failed (their spans are lost).",
+                crate::traces::failed_exports().to_string(),
             ),
         ];
         for (name, kind, help, v) in singles {
