@@ -243,14 +243,17 @@ fn until_and_while_executing_trades_the_outer_lock_for_the_runtime_lock() {
 
 /// A while_executing job whose runtime lock another job holds, under `on_conflict`.
 fn conflicted(on_conflict: &str) -> (RedisServer, Project, Worker) {
+    conflicted_with(on_conflict, json!({}))
+}
+
+fn conflicted_with(on_conflict: &str, mut extra: Value) -> (RedisServer, Project, Worker) {
     let redis = RedisServer::start();
     let p = project(false, 0);
     let run = format!("{DIGEST}:RUN");
     hold(&redis, &run, OTHER);
-    let extra = match on_conflict {
-        "" => json!({}),
-        c => json!({"on_conflict": {"client": "log", "server": c}}),
-    };
+    if !on_conflict.is_empty() {
+        extra["on_conflict"] = json!({"client": "log", "server": on_conflict});
+    }
     push_to_default(&redis, &[payload("while_executing", extra)]);
     let w = Worker::builder(&redis).jobs(p.path()).start();
     (redis, p, w)
@@ -275,6 +278,16 @@ fn a_held_runtime_lock_with_on_conflict_reject_sends_the_job_to_dead() {
         w.output()
     );
     assert_eq!(redis.zcard("retry"), 0);
+    left_alone(&redis, &p);
+}
+
+/// The gem's reject puts the job in the dead set itself (on_conflict/reject.rb), whatever its
+/// `retry` says: `retry: false` must not turn it into a silent drop.
+#[test]
+fn reject_sends_to_dead_even_with_retry_false() {
+    let (redis, p, w) = conflicted_with("reject", json!({"retry": false}));
+    wait_until("the job is dead", WAIT, || redis.zcard("dead") == 1);
+    assert_eq!(one_entry(&redis, "dead")["jid"].as_str(), Some(JID), "{}", w.output());
     left_alone(&redis, &p);
 }
 

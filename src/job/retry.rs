@@ -153,8 +153,14 @@ pub fn decide_with(job: &Job, failure: &Failure, policy: Option<&Policy>) -> Dec
         }
         _ => {}
     }
-    let Some(mut max) = max_retries(job.msg()) else {
-        return Decision::Discard;
+    // sidekiq-unique-jobs' reject kills into the dead set whatever `retry` says
+    // (job/unique_jobs.rs); any other failure of a `retry: false` job is dropped.
+    let rejected = failure.verdict == Some(Verdict::Kill)
+        && failure.class == crate::job::unique_jobs::CONFLICT;
+    let mut max = match max_retries(job.msg()) {
+        Some(m) => m,
+        None if rejected => 0,
+        None => return Decision::Discard,
     };
     if let Some(m) = policy.and_then(|p| p.max_retries) {
         max = m;
