@@ -19,6 +19,7 @@ use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::next_due::NextDue;
 use crate::job::retry::Record;
+use crate::process::liveness::Liveness;
 use crate::process::redis_state::RedisState;
 use crate::process::shutdown::Shutdown;
 use basic::BasicFetch;
@@ -67,6 +68,8 @@ pub struct FetchStrategy {
     recent: recent::Recent,
     /// Told of each retry written, so the scheduled poller wakes at its score.
     next_due: Arc<NextDue>,
+    /// The process's liveness lease: kept where our jobs can be found again if we die.
+    liveness: Liveness,
 }
 
 impl FetchStrategy {
@@ -83,7 +86,12 @@ impl FetchStrategy {
             }
             FetchMode::Basic => Mode::Basic(BasicFetch::new(conn.clone())),
         };
+        let liveness = match mode {
+            Mode::Reliable(_) => Liveness::new(),
+            Mode::Basic(_) => Liveness::disabled(),
+        };
         FetchStrategy {
+            liveness,
             mode,
             conn,
             shutdown,
@@ -102,11 +110,16 @@ impl FetchStrategy {
         }
     }
 
-    /// Whether a job of a process that dies can be found again (its working lists): then the
-    /// process keeps an alive key and a fetchers entry, holds a liveness lease, records its
-    /// locks, and sweeps for dead processes' jobs.
-    pub fn recovers_orphans(&self) -> bool {
-        matches!(self.mode, Mode::Reliable(_))
+    /// The liveness lease this strategy needs: kept where a job of a process that dies can be
+    /// found again (its working lists), so the process keeps an alive key and a fetchers
+    /// entry, records its locks, and sweeps for dead processes' jobs; disabled otherwise. The
+    /// one thing the layers above learn of the mode ([`Liveness::is_kept`]).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness.clone()
+    }
+
+    fn recovers_orphans(&self) -> bool {
+        self.liveness.is_kept()
     }
 
     /// Take up to `n` jobs in `order` for the free slots, in one round trip per batch.

@@ -348,13 +348,9 @@ fn new_worker(
         shutdown.clone(),
         next_due.clone(),
     );
-    let liveness = if fetch.recovers_orphans() {
-        crate::process::liveness::Liveness::new()
-    } else {
-        crate::process::liveness::Liveness::disabled()
-    };
+    let liveness = fetch.liveness();
     metrics.know_classes(registry.classes());
-    let locks_record = Worker::locks_record_for(&identity, &fetch);
+    let locks_record = Worker::locks_record_for(&identity, &liveness);
     let reporter = Arc::new(crate::report::FailureReporter::new(
         sentry,
         hooks,
@@ -372,7 +368,7 @@ fn new_worker(
         shutdown,
         metrics,
         job_metrics: crate::metrics::sidekiq_tab::JobMetrics::new(config.sidekiq_metrics),
-        fetch,
+        fetch: Arc::new(fetch),
         liveness,
         config,
     };
@@ -428,7 +424,7 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     let beat = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
     let notify = tokio::spawn(watchdog::run(worker.clone()).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
-    if worker.fetch.recovers_orphans() {
+    if worker.liveness.is_kept() {
         side.spawn(sweeper::run(worker.clone()).instrument(root.clone()));
     }
     side.spawn(scheduled::run(worker.clone()).instrument(root.clone()));

@@ -117,7 +117,7 @@ pub struct Beat {
 pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Beat> {
     let mut conn = worker.conn.clone();
     let rtt_us = ping_rtt_us(&mut conn).await?;
-    let lease = if worker.fetch.recovers_orphans() {
+    let lease = if worker.liveness.is_kept() {
         refresh_lease(&mut conn, &worker.identity).await?
     } else {
         Lease::NotKept
@@ -194,7 +194,7 @@ async fn process_writes(
     worker.job_metrics.flush_into(&mut pipe);
     add_work_hashes(&mut pipe, &worker.identity, &snapshot);
     add_process_hash(&mut pipe, worker, info, snapshot.len(), rtt_us);
-    if worker.fetch.recovers_orphans() {
+    if worker.liveness.is_kept() {
         add_fetchers_entry(&mut pipe, worker);
     }
     pipe.rpop(format!("{}-signals", worker.identity), None);

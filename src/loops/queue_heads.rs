@@ -18,7 +18,7 @@ pub async fn read(worker: &Worker, conn: &mut crate::connections::redis_conn::Co
     for q in &queues {
         inv.key(queue_key(q));
     }
-    if worker.fetch.recovers_orphans() {
+    if worker.liveness.is_kept() {
         for q in &queues {
             inv.key(crate::fetch::working_key(&worker.identity, q));
         }

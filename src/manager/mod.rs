@@ -414,7 +414,7 @@ impl FetchLoop {
 /// so it fetches only for free slots, as Sidekiq's one BRPOP per thread does.
 pub fn credits(worker: &Worker) -> usize {
     let c = worker.config.concurrency;
-    c + if worker.fetch.recovers_orphans() {
+    c + if worker.liveness.is_kept() {
         fetch_ahead(c)
     } else {
         0
