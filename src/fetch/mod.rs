@@ -8,6 +8,7 @@
 
 mod acks;
 mod basic;
+pub mod blocking;
 pub mod recent;
 mod reliable;
 pub mod unit_of_work;
@@ -38,7 +39,7 @@ enum Mode {
 }
 
 /// What a blocking pop waits on.
-pub enum Wait {
+enum Wait {
     /// Every queue in this fetch's order (basic fetch: BRPOP).
     AllQueues,
     /// One queue, into its working list (reliable fetch: BLMOVE).
@@ -141,7 +142,7 @@ impl FetchStrategy {
 
     /// Whether a blocking pop has nothing it may wait on now (its queue, or every queue, is
     /// skipped for its type): the blocker then idles for a round instead.
-    pub fn wait_skipped(&self, wait: &Wait, order: &[&str]) -> bool {
+    fn wait_skipped(&self, wait: &Wait, order: &[&str]) -> bool {
         match wait {
             Wait::Queue(q) => self.state.is_broken(q),
             Wait::AllQueues => self.usable(order).is_empty(),
@@ -150,7 +151,7 @@ impl FetchStrategy {
 
     /// The blocking pops an idle process keeps: one BLMOVE per queue (reliable), or one BRPOP
     /// per slot up to `max` (basic, as Sidekiq runs one per thread).
-    pub fn waits(&self, queues: &[String], slots: usize, max: usize) -> Vec<Wait> {
+    fn waits(&self, queues: &[String], slots: usize, max: usize) -> Vec<Wait> {
         match self.mode {
             Mode::Reliable(_) => queues.iter().cloned().map(Wait::Queue).collect(),
             Mode::Basic(_) => (0..slots.min(max)).map(|_| Wait::AllQueues).collect(),
@@ -160,7 +161,7 @@ impl FetchStrategy {
     /// How many blocking pops to have armed. Reliable: all (one per queue). Basic: one per
     /// free slot, but only one once a round timed out (queues idle), so an idle process costs
     /// 0.5 commands/s, not 0.5 x -c.
-    pub fn waits_to_arm(&self, all: usize, free: usize, idle: bool) -> usize {
+    fn waits_to_arm(&self, all: usize, free: usize, idle: bool) -> usize {
         match self.mode {
             Mode::Reliable(_) => all,
             Mode::Basic(_) if idle => 1,
@@ -171,12 +172,12 @@ impl FetchStrategy {
     /// Whether one delivery should end the other armed pops: a reliable process waits on
     /// every queue for one job, so the others stop (whatever they moved is delivered too);
     /// basic BRPOPs each wait for a slot of their own.
-    pub fn one_delivery_ends_waits(&self) -> bool {
+    fn one_delivery_ends_waits(&self) -> bool {
         matches!(self.mode, Mode::Reliable(_))
     }
 
     /// The command for one blocking pop.
-    pub fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
+    fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
         match (&self.mode, wait) {
             (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
             _ => BasicFetch::blocking_pop(&self.usable(order), timeout_secs),
@@ -184,7 +185,7 @@ impl FetchStrategy {
     }
 
     /// The job a blocking pop's reply holds, if any.
-    pub fn delivered(
+    fn delivered(
         &self,
         wait: &Wait,
         reply: redis::Value,

@@ -1,33 +1,24 @@
 //! Fetching: the loop that keeps every free slot fed, in Sidekiq's strict / weighted queue
 //! order (`job/queues.rs`). While the queues are busy it takes a batch for the free slots in one
-//! round trip; when they are empty it arms the blocking pops (`blockers.rs`) and waits. How a
+//! round trip; when they are empty it arms the blocking pops (`fetch/blocking.rs`) and waits. How a
 //! job is taken, acknowledged, requeued and drained is the fetch strategy's business
 //! (`fetch/`: reliable or basic); this loop never asks which one runs.
 //! Keys: those of the strategy.
 
-mod blockers;
 pub mod processor;
 
+use crate::fetch::blocking::{Blockers, Delivery, ERROR_PAUSE};
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::worker::Worker;
-use blockers::{Blocker, Delivery, ERROR_PAUSE};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinSet;
-
-/// How long quiet waits for blocked pops to come back: past their reply deadline, so a pop
-/// that already happened is never abandoned while its reply is still on the way.
-const BLOCKERS_GRACE: Duration =
-    Duration::from_secs(crate::connections::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
+use tokio::sync::Semaphore;
 /// After a lost fetch reply, how long the rescue waits for pending acks to be confirmed (so
 /// its count of our jobs is exact): this many checks, this far apart.
 const ACK_SETTLE_CHECKS: usize = 100;
 const ACK_SETTLE_PAUSE: Duration = Duration::from_millis(10);
 /// Most jobs one batch takes.
 const MAX_BATCH: usize = 256;
-/// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
-const MAX_BRPOP_CONNECTIONS: usize = 64;
 /// Jobs are short while their recent mean run time is under this; only then does the loop
 /// fetch the next batch while the current one runs (see `Pace`).
 const SHORT_JOB_MICROS: u64 = 2_000;
@@ -141,8 +132,7 @@ struct FetchLoop {
     credits: Arc<Semaphore>,
     ahead: usize,
     pace: Arc<Pace>,
-    blockers: Vec<Blocker>,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    blockers: Blockers,
     /// Fetched, not yet started (last = next to start).
     held: Vec<UnitOfWork>,
     /// The last blocking round timed out: the queues are idle.
@@ -156,9 +146,8 @@ struct FetchLoop {
 }
 
 impl FetchLoop {
-    /// Take a delivery in hand: its blocker is free again.
+    /// Take a delivery in hand (its blocker is free again).
     fn take(&mut self, d: Delivery) {
-        self.blockers[d.from].disarm();
         self.may_hide_jobs |= d.failed;
         if d.job.is_some() {
             self.hidden_left = false;
@@ -168,7 +157,7 @@ impl FetchLoop {
     }
 
     fn take_ready(&mut self) {
-        while let Ok(d) = self.deliveries.try_recv() {
+        while let Some(d) = self.blockers.ready() {
             self.take(d);
         }
     }
@@ -254,7 +243,7 @@ impl FetchLoop {
         if !self.may_hide_jobs
             || self.credits.available_permits() != worker.config.concurrency + self.ahead
             || worker.fetch.acks_pending() != 0
-            || self.blockers.iter().any(Blocker::is_armed)
+            || self.blockers.any_armed()
         {
             return false;
         }
@@ -314,34 +303,10 @@ impl FetchLoop {
 
     /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
     async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
-        let worker = self.worker.clone();
-        let want = worker
-            .fetch
-            .waits_to_arm(self.blockers.len(), free, self.idle);
-        let mut armed = self.blockers.iter().filter(|b| b.is_armed()).count();
-        for b in &self.blockers {
-            if armed >= want {
-                break;
-            }
-            if b.arm() {
-                armed += 1;
-            }
-        }
-        tokio::select! {
-            d = self.deliveries.recv() => match d {
-                Some(d) => {
-                    let got = d.job.is_some();
-                    self.idle = !got;
-                    self.take(d);
-                    if got && worker.fetch.one_delivery_ends_waits() && self.blockers.len() > 1 {
-                        blockers::unblock(&worker, &self.blockers).await;
-                    }
-                    Ok(())
-                }
-                None => Err(Quieted),
-            },
-            _ = worker.shutdown.quieted() => Err(Quieted),
-        }
+        let d = self.blockers.wait(free, self.idle).await.ok_or(Quieted)?;
+        self.idle = d.job.is_none();
+        self.take(d);
+        Ok(())
     }
 
     /// One round: hand over what we hold, wait for a free credit, then take a batch or block.
@@ -366,9 +331,7 @@ impl FetchLoop {
         // outcome, so fetching pauses (the heartbeat logged it and sees it end). Jobs a lost
         // fetch reply may have hidden in our working list go back before the next fetch.
         if worker.metrics.redis.is_oom()
-            || (self.hidden_left
-                && !self.blockers.iter().any(Blocker::is_armed)
-                && !self.rescue_lost().await)
+            || (self.hidden_left && !self.blockers.any_armed() && !self.rescue_lost().await)
         {
             return tokio::select! {
                 _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
@@ -426,19 +389,12 @@ pub fn credits(worker: &Worker) -> usize {
 /// quiet, every job not started is pushed straight back. The launcher waits for all of
 /// `credits` (every fetched job ended or handed back) before it drains.
 pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaphore>) {
-    let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
-    let mut tasks = JoinSet::new();
-    let waits = worker.fetch.waits(
-        &worker.config.queues.names(),
-        worker.config.concurrency,
-        MAX_BRPOP_CONNECTIONS,
+    let blockers = Blockers::start(
+        worker.fetch.clone(),
+        worker.conn.clone(),
+        worker.shutdown.clone(),
+        (worker.config.queues.clone(), worker.config.concurrency),
     );
-    let blockers = waits
-        .into_iter()
-        .enumerate()
-        .map(|(i, w)| blockers::spawn(i, worker.clone(), w, tx.clone(), &mut tasks))
-        .collect();
-    drop(tx);
     let mut lp = FetchLoop {
         worker: worker.clone(),
         ahead: credits.available_permits() - worker.config.concurrency,
@@ -446,7 +402,6 @@ pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaph
         credits,
         pace: Arc::new(Pace::default()),
         blockers,
-        deliveries,
         held: Vec::new(),
         idle: false,
         may_hide_jobs: false,
@@ -454,21 +409,9 @@ pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaph
     };
     while lp.round().await.is_ok() {}
     // Quiet: end the blocked pops and hand back everything fetched but not started.
-    blockers::unblock(&worker, &lp.blockers).await;
-    // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
-    // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
-    // still move stays in our working list, which the orphan sweep returns once we are gone).
-    let wait_all = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(BLOCKERS_GRACE, wait_all)
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "fetch: a blocking pop did not return (Redis unreachable?); not waiting for it"
-        );
-        tasks.abort_all();
+    for d in lp.blockers.stop().await {
+        lp.take(d);
     }
-    lp.take_ready();
     for job in std::mem::take(&mut lp.held) {
         worker.fetch.requeue_logged(&job).await;
     }

@@ -3,11 +3,15 @@
 //! use: to stop waiting we send `CLIENT UNBLOCK <id>` from the shared connection, so a pop that
 //! already happened is always delivered and handled (a pop on a server left in a failover is
 //! abandoned, see `pop`). A blocker pops only when armed, so it never takes more work than the
-//! fetch loop asked for. Keys: those of the pops (`queue:<q>`, our working lists).
+//! fetch loop asked for. How many are armed, what each waits on and what its reply holds is
+//! the strategy's business (`mod.rs`); the fetch loop (`manager/`) only asks for a job.
+//! Keys: those of the pops (`queue:<q>`, our working lists).
 
+use super::{FetchStrategy, Wait};
+use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
-use crate::fetch::Wait;
-use crate::worker::Worker;
+use crate::job::queues::QueueOrder;
+use crate::process::shutdown::Shutdown;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,17 +22,32 @@ use tokio::task::JoinSet;
 pub const BLOCK_TIMEOUT_SECS: f64 = 2.0;
 /// Pause after a Redis error in the fetch path, as Sidekiq does.
 pub const ERROR_PAUSE: Duration = Duration::from_secs(1);
+/// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
+const MAX_BRPOP_CONNECTIONS: usize = 64;
+/// How long quiet waits for blocked pops to come back: past their reply deadline, so a pop
+/// that already happened is never abandoned while its reply is still on the way.
+const BLOCKERS_GRACE: Duration =
+    Duration::from_secs(crate::connections::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
+
+/// What the blocking pops share: the strategy, the connection they open theirs from, the
+/// shutdown state that ends them, the queues in their fetch order.
+struct Ctx {
+    fetch: Arc<FetchStrategy>,
+    conn: Conn,
+    shutdown: Shutdown,
+    queues: QueueOrder,
+}
 
 /// What a blocker hands the fetch loop: which blocker, what it popped, and whether it hit an
 /// error (with reliable fetch an error may hide a job moved into our working list).
 pub struct Delivery {
-    pub from: usize,
+    from: usize,
     pub job: Option<UnitOfWork>,
     pub failed: bool,
 }
 
 /// The fetch loop's handle on one blocking pop task.
-pub struct Blocker {
+struct Blocker {
     arm: Arc<Notify>,
     client_id: Arc<AtomicI64>,
     /// Armed and not yet taken back by the loop: arming it again would take a second job.
@@ -37,7 +56,7 @@ pub struct Blocker {
 
 impl Blocker {
     /// Arm it unless it is already waiting; returns whether it was armed now.
-    pub fn arm(&self) -> bool {
+    fn arm(&self) -> bool {
         let was = self.armed.swap(true, Ordering::SeqCst);
         if !was {
             self.arm.notify_one();
@@ -45,13 +64,13 @@ impl Blocker {
         !was
     }
 
-    pub fn is_armed(&self) -> bool {
+    fn is_armed(&self) -> bool {
         self.armed.load(Ordering::SeqCst)
     }
 
     /// The loop has its delivery in hand. The loop, not the blocker, marks it free again, so a
     /// delivery in flight is never mistaken for a free blocker (no over-fetch).
-    pub fn disarm(&self) {
+    fn disarm(&self) {
         self.armed.store(false, Ordering::SeqCst);
     }
 }
@@ -59,10 +78,10 @@ impl Blocker {
 /// A dedicated connection for one blocker, its client id noted for `CLIENT UNBLOCK`, with the
 /// generation of the server it reaches (`connections/follow.rs`).
 async fn connect(
-    worker: &Worker,
+    ctx: &Ctx,
     client_id: &AtomicI64,
 ) -> redis::RedisResult<(u64, redis::aio::MultiplexedConnection)> {
-    let (generation, mut c) = worker.conn.dedicated().await?;
+    let (generation, mut c) = ctx.conn.dedicated().await?;
     let id: i64 = redis::cmd("CLIENT")
         .arg("ID")
         .query_async(&mut c)
@@ -73,9 +92,9 @@ async fn connect(
 }
 
 /// Start blocker `index`, waiting on `wait` each time it is armed.
-pub fn spawn(
+fn spawn(
     index: usize,
-    worker: Arc<Worker>,
+    ctx: Arc<Ctx>,
     wait: Wait,
     tx: mpsc::UnboundedSender<Delivery>,
     set: &mut JoinSet<()>,
@@ -99,13 +118,13 @@ pub fn spawn(
         loop {
             tokio::select! {
                 _ = arm.notified() => {}
-                _ = worker.shutdown.quieted() => return,
+                _ = ctx.shutdown.quieted() => return,
             }
-            if worker.shutdown.is_quiet() {
+            if ctx.shutdown.is_quiet() {
                 return;
             }
             if conn.is_none() {
-                match connect(&worker, &client_id).await {
+                match connect(&ctx, &client_id).await {
                     Ok(c) => conn = Some(c),
                     Err(e) => {
                         tracing::warn!(error = %e, "fetch: cannot connect to Redis; retrying in 1s");
@@ -117,21 +136,18 @@ pub fn spawn(
             }
             let (generation, c) = conn.as_mut().expect("connected above");
             let generation = *generation;
-            if worker
-                .fetch
-                .wait_skipped(&wait, &worker.config.queues.order())
-            {
+            if ctx.fetch.wait_skipped(&wait, &ctx.queues.order()) {
                 // A key of the wrong type would answer WRONGTYPE at once, every time: idle
                 // for as long as a pop would have waited (the heartbeat sees it fixed).
                 tokio::time::sleep(Duration::from_secs_f64(BLOCK_TIMEOUT_SECS)).await;
                 send(None, false);
                 continue;
             }
-            match pop(&worker, &wait, generation, c).await {
+            match pop(&ctx, &wait, generation, c).await {
                 Ok(job) => send(job, false),
                 // The server was left (a failover): the next connection waits for the new
                 // primary itself, so no pause is added to the switch.
-                Err(e) if worker.conn.generation() != generation => {
+                Err(e) if ctx.conn.generation() != generation => {
                     tracing::warn!(error = %e, "fetch: the server was left; reconnecting");
                     conn = None;
                     client_id.store(-1, Ordering::SeqCst);
@@ -159,20 +175,20 @@ pub fn spawn(
 /// the new primary; the error makes the caller report a failed delivery, so the fetch loop
 /// looks in our working list for a job it may have moved.
 async fn pop(
-    worker: &Worker,
+    ctx: &Ctx,
     wait: &Wait,
     generation: u64,
     c: &mut redis::aio::MultiplexedConnection,
 ) -> redis::RedisResult<Option<UnitOfWork>> {
-    let epoch = worker.liveness.epoch();
-    let order = worker.config.queues.order();
-    let cmd = worker.fetch.wait_cmd(wait, &order, BLOCK_TIMEOUT_SECS);
+    let epoch = ctx.fetch.liveness.epoch();
+    let order = ctx.queues.order();
+    let cmd = ctx.fetch.wait_cmd(wait, &order, BLOCK_TIMEOUT_SECS);
     tokio::select! {
         r = cmd.query_async::<redis::Value>(c) => match r {
-            Ok(v) => worker.fetch.delivered(wait, v, epoch),
-            Err(e) => Err(worker.conn.suspect(generation, e)),
+            Ok(v) => ctx.fetch.delivered(wait, v, epoch),
+            Err(e) => Err(ctx.conn.suspect(generation, e)),
         },
-        _ = worker.conn.left(generation) => Err(redis::RedisError::from((
+        _ = ctx.conn.left(generation) => Err(redis::RedisError::from((
             redis::ErrorKind::Io,
             "the server was left (failover); pop abandoned",
         ))),
@@ -180,8 +196,8 @@ async fn pop(
 }
 
 /// Ask Redis to end the blocked pops now (they return nil, or the job they already moved).
-pub async fn unblock(worker: &Worker, blockers: &[Blocker]) {
-    let mut conn = worker.conn.clone();
+async fn unblock(ctx: &Ctx, blockers: &[Blocker]) {
+    let mut conn = ctx.conn.clone();
     for b in blockers {
         let id = b.client_id.load(Ordering::SeqCst);
         if id >= 0 {
@@ -191,5 +207,107 @@ pub async fn unblock(worker: &Worker, blockers: &[Blocker]) {
                 .query_async(&mut conn)
                 .await;
         }
+    }
+}
+
+/// The blocking pops an idle process keeps, and the deliveries they send the fetch loop.
+pub struct Blockers {
+    ctx: Arc<Ctx>,
+    list: Vec<Blocker>,
+    deliveries: mpsc::UnboundedReceiver<Delivery>,
+    tasks: JoinSet<()>,
+}
+
+impl Blockers {
+    /// Start the pops the strategy keeps for `queues` and `slots` (none armed yet).
+    pub fn start(
+        fetch: Arc<FetchStrategy>,
+        conn: Conn,
+        shutdown: Shutdown,
+        (queues, slots): (QueueOrder, usize),
+    ) -> Blockers {
+        let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
+        let mut tasks = JoinSet::new();
+        let waits = fetch.waits(&queues.names(), slots, MAX_BRPOP_CONNECTIONS);
+        let ctx = Arc::new(Ctx {
+            fetch,
+            conn,
+            shutdown,
+            queues,
+        });
+        let list = waits
+            .into_iter()
+            .enumerate()
+            .map(|(i, w)| spawn(i, ctx.clone(), w, tx.clone(), &mut tasks))
+            .collect();
+        Blockers {
+            ctx,
+            list,
+            deliveries,
+            tasks,
+        }
+    }
+
+    /// Whether a pop is armed and its delivery not yet taken.
+    pub fn any_armed(&self) -> bool {
+        self.list.iter().any(Blocker::is_armed)
+    }
+
+    /// Take a delivery in hand: its blocker is free again.
+    fn take(&self, d: Delivery) -> Delivery {
+        self.list[d.from].disarm();
+        d
+    }
+
+    /// A delivery already sent, if any, taken in hand.
+    pub fn ready(&mut self) -> Option<Delivery> {
+        let d = self.deliveries.try_recv().ok()?;
+        Some(self.take(d))
+    }
+
+    /// Arm the pops for `free` slots (`idle`: the last round timed out) and wait for one
+    /// delivery; None once quiet.
+    pub async fn wait(&mut self, free: usize, idle: bool) -> Option<Delivery> {
+        let ctx = self.ctx.clone();
+        let want = ctx.fetch.waits_to_arm(self.list.len(), free, idle);
+        let mut armed = self.list.iter().filter(|b| b.is_armed()).count();
+        for b in &self.list {
+            if armed >= want {
+                break;
+            }
+            if b.arm() {
+                armed += 1;
+            }
+        }
+        tokio::select! {
+            d = self.deliveries.recv() => {
+                let d = self.take(d?);
+                if d.job.is_some() && ctx.fetch.one_delivery_ends_waits() && self.list.len() > 1 {
+                    unblock(&ctx, &self.list).await;
+                }
+                Some(d)
+            }
+            _ = ctx.shutdown.quieted() => None,
+        }
+    }
+
+    /// Quiet: end the blocked pops and return what they delivered last.
+    pub async fn stop(&mut self) -> Vec<Delivery> {
+        unblock(&self.ctx, &self.list).await;
+        // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
+        // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
+        // still move stays in our working list, which the orphan sweep returns once we are gone).
+        let tasks = &mut self.tasks;
+        let wait_all = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(BLOCKERS_GRACE, wait_all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "fetch: a blocking pop did not return (Redis unreachable?); not waiting for it"
+            );
+            self.tasks.abort_all();
+        }
+        std::iter::from_fn(|| self.ready()).collect()
     }
 }
