@@ -11,6 +11,7 @@ mod basic;
 pub mod blocking;
 pub mod recent;
 mod reliable;
+pub mod rescue;
 pub mod unit_of_work;
 mod working_order;
 
@@ -219,7 +220,7 @@ impl FetchStrategy {
 
     /// Whether a failed fetch may have moved jobs into our working lists without telling us
     /// (the script ran, its reply was lost), so a rescue `drain` is due once we are idle.
-    pub fn lost_reply_may_hide_jobs(&self) -> bool {
+    fn lost_reply_may_hide_jobs(&self) -> bool {
         matches!(self.mode, Mode::Reliable(_))
     }
 
@@ -228,7 +229,7 @@ impl FetchStrategy {
     /// under load: the jobs we hold stay. Complete when no ack was pending
     /// ([`FetchStrategy::acks_pending`] is 0); otherwise some may stay, for the idle rescue
     /// (`drain`). Returns how many moved.
-    pub async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
+    async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
         match &self.mode {
             Mode::Reliable(r) => r.rescue_lost(queues).await,
             Mode::Basic(_) => Ok(0),
@@ -304,11 +305,7 @@ impl FetchStrategy {
     /// Push an unfinished job back to its queue, once, as `instead` when given (the job with
     /// its shutdown count raised, `job/interrupted.rs`). `Ok(false)`: it was no longer ours
     /// (the orphan sweep had already returned it), nothing pushed.
-    pub async fn requeue(
-        &self,
-        job: &UnitOfWork,
-        instead: Option<&[u8]>,
-    ) -> redis::RedisResult<bool> {
+    async fn requeue(&self, job: &UnitOfWork, instead: Option<&[u8]>) -> redis::RedisResult<bool> {
         match &self.mode {
             Mode::Reliable(r) => {
                 let pushed = r.requeue(job, instead).await?;
@@ -357,7 +354,7 @@ impl FetchStrategy {
     }
 
     /// Acknowledgements queued or in flight, not yet confirmed by Redis.
-    pub fn acks_pending(&self) -> usize {
+    fn acks_pending(&self) -> usize {
         match &self.mode {
             Mode::Reliable(r) => r.acks_pending(),
             Mode::Basic(_) => 0,

@@ -8,15 +8,12 @@
 pub mod processor;
 
 use crate::fetch::blocking::{Blockers, Delivery, ERROR_PAUSE};
+use crate::fetch::rescue::Rescue;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
-/// After a lost fetch reply, how long the rescue waits for pending acks to be confirmed (so
-/// its count of our jobs is exact): this many checks, this far apart.
-const ACK_SETTLE_CHECKS: usize = 100;
-const ACK_SETTLE_PAUSE: Duration = Duration::from_millis(10);
 /// Most jobs one batch takes.
 const MAX_BATCH: usize = 256;
 /// Jobs are short while their recent mean run time is under this; only then does the loop
@@ -137,22 +134,15 @@ struct FetchLoop {
     held: Vec<UnitOfWork>,
     /// The last blocking round timed out: the queues are idle.
     idle: bool,
-    /// A fetch failed in a way that may have moved a job into our working list without
-    /// telling us; cleared by a rescue drain once we are fully idle.
-    may_hide_jobs: bool,
-    /// Such a fetch failed and nothing has been fetched since: what it moved is at the left
-    /// ends of our working lists, where `rescue_lost` finds it under load too.
-    hidden_left: bool,
+    /// Jobs a fetch whose reply was lost may have left in our working lists.
+    rescue: Rescue,
 }
 
 impl FetchLoop {
     /// Take a delivery in hand (its blocker is free again).
     fn take(&mut self, d: Delivery) {
-        self.may_hide_jobs |= d.failed;
-        if d.job.is_some() {
-            self.hidden_left = false;
-        }
-        self.hidden_left |= d.failed && self.worker.fetch.lost_reply_may_hide_jobs();
+        self.rescue
+            .delivered(&self.worker.fetch, d.job.is_some(), d.failed);
         self.held.extend(d.job);
     }
 
@@ -235,72 +225,6 @@ impl FetchLoop {
         }
     }
 
-    /// Fully idle after a fetch whose reply was lost: anything in our working lists now is a
-    /// job that fetch moved there. Nothing runs, no ack waits, no pop is in flight, and only
-    /// this loop adds to the lists, so push them all back to their queues.
-    async fn rescue_if_idle(&mut self) -> bool {
-        let worker = &self.worker;
-        if !self.may_hide_jobs
-            || self.credits.available_permits() != worker.config.concurrency + self.ahead
-            || worker.fetch.acks_pending() != 0
-            || self.blockers.any_armed()
-        {
-            return false;
-        }
-        match worker.fetch.drain(&worker.config.queues.names()).await {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::warn!(
-                        jobs = n,
-                        "returned jobs a failed fetch had moved into our working list"
-                    );
-                }
-                self.may_hide_jobs = false;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fetch: could not check our working lists");
-                false
-            }
-        }
-    }
-
-    /// Right after a fetch whose reply was lost (nothing fetched since, no blocking pop armed):
-    /// push back what it moved, while our own jobs keep running. Waits a little for pending
-    /// acks to be confirmed, so the count of our jobs is exact; if it was not, the idle rescue
-    /// stays due. False: Redis did not answer (fetch nothing yet, try again).
-    async fn rescue_lost(&mut self) -> bool {
-        let worker = self.worker.clone();
-        for _ in 0..ACK_SETTLE_CHECKS {
-            if worker.fetch.acks_pending() == 0 {
-                break;
-            }
-            tokio::time::sleep(ACK_SETTLE_PAUSE).await;
-        }
-        let exact = worker.fetch.acks_pending() == 0;
-        match worker
-            .fetch
-            .rescue_lost(&worker.config.queues.names())
-            .await
-        {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::warn!(
-                        jobs = n,
-                        "returned jobs a failed fetch had moved into our working list"
-                    );
-                }
-                self.hidden_left = false;
-                self.may_hide_jobs &= !exact;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fetch: could not check our working lists; retrying in 1s");
-                false
-            }
-        }
-    }
-
     /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
     async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
         let d = self.blockers.wait(free, self.idle).await.ok_or(Quieted)?;
@@ -331,7 +255,12 @@ impl FetchLoop {
         // outcome, so fetching pauses (the heartbeat logged it and sees it end). Jobs a lost
         // fetch reply may have hidden in our working list go back before the next fetch.
         if worker.metrics.redis.is_oom()
-            || (self.hidden_left && !self.blockers.any_armed() && !self.rescue_lost().await)
+            || (self.rescue.left_due()
+                && !self.blockers.any_armed()
+                && !self
+                    .rescue
+                    .lost(&worker.fetch, &worker.config.queues.names())
+                    .await)
         {
             return tokio::select! {
                 _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
@@ -347,7 +276,7 @@ impl FetchLoop {
             .await
         {
             Ok(v) if !v.is_empty() => {
-                self.hidden_left = false;
+                self.rescue.fetched();
                 worker.metrics.fetch_batch(v.len());
                 self.idle = false;
                 self.held = v;
@@ -356,8 +285,7 @@ impl FetchLoop {
             }
             Ok(_) => {}
             Err(e) => {
-                self.may_hide_jobs |= worker.fetch.lost_reply_may_hide_jobs();
-                self.hidden_left |= worker.fetch.lost_reply_may_hide_jobs();
+                self.rescue.fetch_failed(&worker.fetch);
                 tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
                 return tokio::select! {
                     _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
@@ -365,7 +293,15 @@ impl FetchLoop {
                 };
             }
         }
-        if self.rescue_if_idle().await {
+        // Fully idle: nothing runs or waits for a slot, no pop is in flight.
+        let idle = self.credits.available_permits() == worker.config.concurrency + self.ahead
+            && !self.blockers.any_armed();
+        if idle
+            && self
+                .rescue
+                .if_idle(&worker.fetch, &worker.config.queues.names())
+                .await
+        {
             return Ok(());
         }
         self.wait_for_work(free).await
@@ -404,8 +340,7 @@ pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaph
         blockers,
         held: Vec::new(),
         idle: false,
-        may_hide_jobs: false,
-        hidden_left: false,
+        rescue: Rescue::default(),
     };
     while lp.round().await.is_ok() {}
     // Quiet: end the blocked pops and hand back everything fetched but not started.
