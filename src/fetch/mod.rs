@@ -57,6 +57,15 @@ pub enum FetchMode {
     Basic,
 }
 
+impl FetchMode {
+    /// Whether its jobs wait in working lists in Redis until they finished, keys an evicting
+    /// Redis may drop (`loops/eviction.rs`). Asked before the strategy exists; afterwards the
+    /// layers above learn it only as the lease ([`FetchStrategy::liveness`]).
+    pub fn keeps_working_lists(self) -> bool {
+        self == FetchMode::Reliable
+    }
+}
+
 pub struct FetchStrategy {
     mode: Mode,
     conn: Conn,

@@ -265,7 +265,7 @@ async fn build(
     let identity = crate::process::identity::new_identity();
     let db = open_database(&config, &identity).await?;
     let state = Arc::new(crate::process::redis_state::RedisState::default());
-    let reliable = config.fetch == crate::fetch::FetchMode::Reliable;
+    let reliable = config.fetch.keeps_working_lists();
     crate::loops::eviction::check_at_start(&mut conn, &state, reliable, config.allow_eviction)
         .await
         .map_err(StartError::Config)?;
