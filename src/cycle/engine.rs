@@ -196,6 +196,11 @@ struct ReleaseGuard {
 }
 
 impl ReleaseGuard {
+    /// The lock, between phases (held until the cycle's end or the last phase's release).
+    fn held(&self) -> &Held {
+        self.lease.as_ref().expect("held between phases")
+    }
+
     /// Write the outcome to the ledger (while the lock is still ours), then release.
     async fn end(&mut self, end: End, phase: Option<&str>, error: Option<&str>, why: &str) {
         if let Some(held) = self.lease.as_ref() {
@@ -209,11 +214,10 @@ impl ReleaseGuard {
     /// asked: then it is still held, for [`ReleaseGuard::lost`] to release.
     async fn release_proving(&mut self) -> Result<(), lock::LockLost> {
         let held = self.lease.take().expect("held between phases");
-        let lease = &held.lease;
-        match lease.release_proving().await {
+        match held.release_proving().await {
             Ok(()) => {
                 tracing::info!(
-                    lock_key = lease.key(),
+                    lock_key = held.key(),
                     fence = held.fence(),
                     "lock released (cycle complete)"
                 );
@@ -230,12 +234,11 @@ impl ReleaseGuard {
 
     async fn release(&mut self, why: &str) {
         if let Some(held) = self.lease.take() {
-            let lease = &held.lease;
-            match lease.release().await {
-                Ok(true) => tracing::info!(lock_key = lease.key(), fence = held.fence(), "lock released ({why})"),
-                Ok(false) => tracing::info!(lock_key = lease.key(),
+            match held.release().await {
+                Ok(true) => tracing::info!(lock_key = held.key(), fence = held.fence(), "lock released ({why})"),
+                Ok(false) => tracing::info!(lock_key = held.key(),
                     "lock was no longer ours at release ({why}); the newer owner's lock is untouched"),
-                Err(e) => tracing::warn!(lock_key = lease.key(), error = %e,
+                Err(e) => tracing::warn!(lock_key = held.key(), error = %e,
                     "could not release the lock ({why}); it expires by its ttl"),
             }
         }
@@ -248,7 +251,7 @@ impl Drop for ReleaseGuard {
             // Cancelled or panicked mid-cycle: release in the background.
             if let Ok(h) = tokio::runtime::Handle::try_current() {
                 h.spawn(async move {
-                    let _ = held.lease.release().await;
+                    let _ = held.release().await;
                 });
             }
         }
@@ -339,11 +342,9 @@ async fn take_lock(
     // The fence (Redis or PostgreSQL) and the ledger row; fail closed: without them, no phase.
     let held = match fences::hold(lease, lock.fence, ctx.db.as_ref(), &ctx.jid).await {
         Ok(h) => h,
-        Err((lease, e)) => {
-            if let Err(re) = lease.release().await {
-                tracing::warn!(lock_key = %key, error = %re,
-                    "could not release the lock; it expires by its ttl");
-            }
+        Err((held, e)) => {
+            let mut guard = ReleaseGuard { lease: Some(held) };
+            guard.release("the acquisition was not recorded").await;
             let db = ctx.db.as_ref().map(|d| d.shown_url()).unwrap_or("-");
             tracing::warn!(lock_key = %key, error = %e, database = %db,
                 "{label}: could not record the acquisition in PostgreSQL; lock released, the job is retried");
@@ -475,13 +476,7 @@ impl Running<'_> {
             tracing::warn!(next_phase = %name, "liveness lease lapsed: stopping at the phase boundary");
             return Some(Ending::lapsed(last));
         }
-        let lease = &self
-            .guard
-            .lease
-            .as_ref()
-            .expect("held between phases")
-            .lease;
-        if !lease.remaining().is_zero() {
+        if !self.guard.held().remaining().is_zero() {
             return None;
         }
         // A slow renewal ate the whole lease: starting a phase now would be unguarded.
@@ -503,7 +498,7 @@ impl Running<'_> {
     ) -> (PhaseEnd, Duration) {
         let ctx = self.ctx;
         let name = phase.name();
-        let lease_deadline = self.guard.lease.as_ref().expect("held").lease.deadline();
+        let lease_deadline = self.guard.held().deadline();
         let started = Instant::now();
         let stop_at = match timeout {
             Some(t) => lease_deadline.min(started + t),
