@@ -58,29 +58,6 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// `enqueued_at` of a queued job in epoch seconds. Sidekiq <= 7 writes float seconds, 8.x
-/// integer milliseconds; readers tell them apart by JSON type (protocol.md §9). An integer that
-/// is too small to be milliseconds is taken as seconds.
-pub fn enqueued_at_secs(raw: &str) -> Option<f64> {
-    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-    let n = v.get("enqueued_at")?;
-    let f = n.as_f64()?;
-    if (n.is_i64() || n.is_u64()) && f > 1e11 {
-        Some(f / 1000.0)
-    } else {
-        Some(f)
-    }
-}
-
-/// Seconds the oldest job of a queue has waited (Sidekiq's `Queue#latency`): 0 when the queue
-/// is empty or the job cannot be read, never negative.
-pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
-    oldest
-        .and_then(enqueued_at_secs)
-        .map(|t| (now - t).max(0.0))
-        .unwrap_or(0.0)
-}
-
 /// One work-hash value: `{queue, payload, run_at}` as launcher.rb writes it, the payload the
 /// original job string (so readers parse it a second time, exactly as for Ruby-run jobs), plus
 /// `phase` for phased jobs. 6.4.1's busy.erb ignores extra keys; the API hands them through.
@@ -334,24 +311,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn enqueued_at_in_either_unit() {
-        assert_eq!(
-            enqueued_at_secs(r#"{"enqueued_at":1796095478.5}"#),
-            Some(1796095478.5)
-        );
-        assert_eq!(
-            enqueued_at_secs(r#"{"enqueued_at":1796095478500}"#),
-            Some(1796095478.5)
-        );
-        assert_eq!(
-            enqueued_at_secs(r#"{"enqueued_at":1796095478}"#),
-            Some(1796095478.0)
-        );
-        assert_eq!(enqueued_at_secs(r#"{"class":"X"}"#), None);
-        assert_eq!(enqueued_at_secs("not json"), None);
-    }
-
-    #[test]
     fn work_entry_keeps_the_payload_string_and_adds_the_phase() {
         let raw = r#"{"class":"X","args":[1.50,2e3],"jid":"abc"}"#;
         let mut e = crate::process::slots::SlotEntry {
@@ -371,12 +330,5 @@ mod tests {
         e.phase = Some("apply".into());
         let v: serde_json::Value = serde_json::from_str(&work_entry_json(&e)).unwrap();
         assert_eq!(v["phase"], "apply");
-    }
-
-    #[test]
-    fn latency_is_zero_for_empty_or_future() {
-        assert_eq!(latency_secs(None, 100.0), 0.0);
-        assert_eq!(latency_secs(Some(r#"{"enqueued_at":90.0}"#), 100.0), 10.0);
-        assert_eq!(latency_secs(Some(r#"{"enqueued_at":200.0}"#), 100.0), 0.0);
     }
 }
