@@ -25,179 +25,9 @@ const LOADING_WAIT: Duration = Duration::from_secs(300);
 const AFTER_DEADLINE: Duration = Duration::from_secs(10);
 
 pub use crate::worker::error::StartError;
+pub use signals::Signals;
 
-/// Whether `run_with` listens for OS signals itself (the binary) or leaves them to the
-/// embedder, who stops the worker through its `Shutdown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signals {
-    Handle,
-    Ignore,
-}
-
-/// What an OS signal or a remote signal (Sidekiq's `<identity>-signals` list) asks for,
-/// parsed once where it arrives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Signal {
-    /// TERM or INT (the name, for the log line): stop; a second one moves the deadline to now.
-    Stop(&'static str),
-    /// TSTP: stop fetching, keep running jobs.
-    Quiet,
-    /// TTIN: log what every busy slot is doing.
-    DumpSlots,
-}
-
-impl Signal {
-    /// The signal named `name` ("TERM", "TSTP", ...), or None for one we do not act on.
-    fn parse(name: &str) -> Option<Signal> {
-        match name {
-            "TERM" => Some(Signal::Stop("TERM")),
-            "INT" => Some(Signal::Stop("INT")),
-            "TSTP" => Some(Signal::Quiet),
-            "TTIN" => Some(Signal::DumpSlots),
-            _ => None,
-        }
-    }
-}
-
-/// Log what every busy slot is doing (TTIN).
-fn dump_slots(worker: &Worker) {
-    let snap = worker.slots.snapshot();
-    tracing::info!(
-        busy = snap.len(),
-        concurrency = worker.config.concurrency,
-        "TTIN: slot dump"
-    );
-    for (tid, e) in snap {
-        tracing::info!(tid = %tid, jid = %e.jid, class = %e.class, queue = %e.queue,
-            phase = e.phase.as_deref().unwrap_or("-"),
-            runtime_ms = e.started.elapsed().as_millis() as u64, "busy");
-    }
-}
-
-fn apply_signal(worker: &Worker, sig: Signal, remote: bool) {
-    let from = if remote { "remote " } else { "" };
-    match sig {
-        Signal::Stop(name) => {
-            let again = worker.shutdown.is_stopping();
-            worker.shutdown.stop(worker.config.timeout);
-            if again {
-                tracing::warn!("{from}{name} again: shutdown deadline moved to now");
-            } else {
-                tracing::info!(
-                    timeout_secs = worker.config.timeout.as_secs_f64(),
-                    "{from}{name}: shutting down; running jobs get until the deadline"
-                );
-                crate::process::notify::stopping(&format!(
-                    "stopping ({name}): running jobs get {} s",
-                    worker.config.timeout.as_secs_f64()
-                ));
-            }
-        }
-        Signal::Quiet => {
-            worker.shutdown.quiet();
-            tracing::info!("{from}TSTP: quiet, no new jobs will be fetched");
-        }
-        Signal::DumpSlots => dump_slots(worker),
-    }
-}
-
-/// A remote signal (a string from `<identity>-signals`): act on it, or log that it is ignored.
-fn apply_remote(worker: &Worker, name: &str) {
-    match Signal::parse(name) {
-        Some(sig) => apply_signal(worker, sig, true),
-        None => tracing::info!("remote {name}: ignored"),
-    }
-}
-
-async fn listen_for_signals(worker: Arc<Worker>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    // USR1 and USR2 are listened for only so that they are logged, not fatal (their default).
-    let kinds = [
-        ("TERM", SignalKind::terminate()),
-        ("INT", SignalKind::interrupt()),
-        ("TSTP", SignalKind::from_raw(nix::libc::SIGTSTP)),
-        ("TTIN", SignalKind::from_raw(nix::libc::SIGTTIN)),
-        ("USR1", SignalKind::user_defined1()),
-        ("USR2", SignalKind::user_defined2()),
-    ];
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, Option<Signal>)>();
-    for (name, kind) in kinds {
-        let sig = Signal::parse(name);
-        match signal(kind) {
-            Ok(mut s) => {
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    while s.recv().await.is_some() {
-                        if tx.send((name, sig)).is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-            Err(e) => tracing::warn!("cannot listen for SIG{name}: {e}"),
-        }
-    }
-    while let Some((name, sig)) = rx.recv().await {
-        match sig {
-            Some(sig) => apply_signal(&worker, sig, false),
-            None => tracing::info!("{name}: ignored"),
-        }
-    }
-}
-
-/// One beat, and what it means for the liveness lease: a landed beat extends it; the first
-/// one after a lapse treats our past as dead (see `regained`).
-async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
-    let sent_at = tokio::time::Instant::now();
-    let beat = heartbeat::beat(worker, info).await?;
-    let existed = match beat.lease {
-        heartbeat::Lease::NotKept => return Ok(beat.signal),
-        heartbeat::Lease::Refreshed { existed } => existed,
-        heartbeat::Lease::Missing => false,
-    };
-    // Our alive key vanished since the last beat (evicted, flushed, a failover to a replica
-    // that lacked it): another process may already have recovered our jobs, so this is a
-    // lapse now, and the jobs a lapse stops are stopped. It lasts until the next beat, as a
-    // lapse found by its deadline does: nothing is fetched meanwhile, so the stopped jobs go
-    // back (by LREM of their bytes) before a copy of one can be fetched into the same list.
-    if !existed && worker.liveness.vanished() {
-        tracing::warn!(key = %crate::process::liveness::alive_key(&worker.identity),
-            "liveness lease lapsed: our alive key had vanished from Redis (evicted, flushed, or a failover to a replica that lacked it); stopping our running jobs");
-        return Ok(beat.signal);
-    }
-    if beat.lease == heartbeat::Lease::Missing {
-        return Ok(beat.signal);
-    }
-    // Still lapsed (nothing is fetched): release first, so no lock taken after the
-    // refresh can be among those released.
-    if !worker.liveness.is_live() {
-        regained(worker).await;
-    }
-    worker.liveness.refreshed(sent_at);
-    worker.fetch.retry_deferred_requeues().await;
-    Ok(beat.signal)
-}
-
-/// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
-/// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
-/// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
-async fn regained(worker: &Worker) {
-    tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
-    if let Err(e) = sweeper::release_locks_of(worker, &worker.identity, true).await {
-        tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
-    }
-}
-
-async fn heartbeat_loop(worker: Arc<Worker>, info: String) {
-    loop {
-        match beat_once(&worker, &info).await {
-            Ok(Some(sig)) => apply_remote(&worker, &sig),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
-        }
-        tokio::time::sleep(worker.config.beat_interval).await;
-    }
-}
+mod signals;
 
 /// Parse the database URL, reach the server and create the tables when missing.
 async fn open_database(
@@ -401,7 +231,7 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     let signals = tokio::spawn(
         async move {
             if signals == Signals::Handle {
-                listen_for_signals(worker2).await
+                signals::listen(worker2).await
             }
         }
         .instrument(root.clone()),
@@ -411,7 +241,7 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     // claimed by a live process) before they hold anything, or a crash could orphan them
     // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
     let mut landed = true;
-    while let Err(e) = beat_once(worker, &info).await {
+    while let Err(e) = heartbeat::beat_once(worker, &info).await {
         tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -421,7 +251,9 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     if landed {
         watchdog::ready(worker);
     }
-    let beat = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
+    let beat = tokio::spawn(
+        heartbeat::run(worker.clone(), info, signals::apply_remote).instrument(root.clone()),
+    );
     let notify = tokio::spawn(watchdog::run(worker.clone()).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
     if worker.liveness.is_kept() {
@@ -475,20 +307,4 @@ async fn stop(worker: &Worker, mut loops: Loops, credits: &Semaphore, credits_to
     }
     worker.reporter.close(HOOKS_AT_EXIT).await;
     tracing::info!("bye");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Signal;
-
-    #[test]
-    fn signals_are_parsed_once_by_name() {
-        assert_eq!(Signal::parse("TERM"), Some(Signal::Stop("TERM")));
-        assert_eq!(Signal::parse("INT"), Some(Signal::Stop("INT")));
-        assert_eq!(Signal::parse("TSTP"), Some(Signal::Quiet));
-        assert_eq!(Signal::parse("TTIN"), Some(Signal::DumpSlots));
-        for ignored in ["USR1", "USR2", "term", "KILL", ""] {
-            assert_eq!(Signal::parse(ignored), None, "{ignored:?}");
-        }
-    }
 }

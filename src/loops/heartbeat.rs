@@ -7,12 +7,16 @@
 //! the `playguard:fetchers` registry, and pops one remote signal from `<identity>-signals`.
 //! Then the read-only checks: each queue's head and type (`queue_heads.rs`, `queue:<q>`) and
 //! the eviction policy (`eviction.rs`). `clear` undoes the process entries at a clean stop.
+//! The loop itself is `run`; `beat_once` says what a beat means for the liveness lease (the
+//! first landed beat after a lapse releases our recorded locks, through `sweeper.rs`); a
+//! remote signal a beat pops goes back to the launcher (`launcher/signals.rs`).
 
 use crate::process::identity::{hostname, pid_namespace};
 use crate::process::liveness::{alive_key, ALIVE_TTL_SECS, FETCHERS_KEY};
 use crate::worker::Worker;
 use serde_json::json;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// TTL of the identity and work hashes (launcher.rb).
@@ -304,6 +308,62 @@ pub async fn clear(worker: &Worker) -> redis::RedisResult<()> {
         worker.slots.restore_counts(processed, failed);
     }
     r
+}
+
+/// One beat, and what it means for the liveness lease: a landed beat extends it; the first
+/// one after a lapse treats our past as dead (see `regained`).
+pub async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
+    let sent_at = tokio::time::Instant::now();
+    let beat = beat(worker, info).await?;
+    let existed = match beat.lease {
+        Lease::NotKept => return Ok(beat.signal),
+        Lease::Refreshed { existed } => existed,
+        Lease::Missing => false,
+    };
+    // Our alive key vanished since the last beat (evicted, flushed, a failover to a replica
+    // that lacked it): another process may already have recovered our jobs, so this is a
+    // lapse now, and the jobs a lapse stops are stopped. It lasts until the next beat, as a
+    // lapse found by its deadline does: nothing is fetched meanwhile, so the stopped jobs go
+    // back (by LREM of their bytes) before a copy of one can be fetched into the same list.
+    if !existed && worker.liveness.vanished() {
+        tracing::warn!(key = %crate::process::liveness::alive_key(&worker.identity),
+            "liveness lease lapsed: our alive key had vanished from Redis (evicted, flushed, or a failover to a replica that lacked it); stopping our running jobs");
+        return Ok(beat.signal);
+    }
+    if beat.lease == Lease::Missing {
+        return Ok(beat.signal);
+    }
+    // Still lapsed (nothing is fetched): release first, so no lock taken after the
+    // refresh can be among those released.
+    if !worker.liveness.is_live() {
+        regained(worker).await;
+    }
+    worker.liveness.refreshed(sent_at);
+    worker.fetch.retry_deferred_requeues().await;
+    Ok(beat.signal)
+}
+
+/// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
+/// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
+/// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
+async fn regained(worker: &Worker) {
+    tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
+    if let Err(e) = super::sweeper::release_locks_of(worker, &worker.identity, true).await {
+        tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
+    }
+}
+
+/// The heartbeat loop: a beat every `beat_interval`; a remote signal a beat popped goes to
+/// `on_signal` (the launcher applies it).
+pub async fn run(worker: Arc<Worker>, info: String, on_signal: fn(&Worker, &str)) {
+    loop {
+        match beat_once(&worker, &info).await {
+            Ok(Some(sig)) => on_signal(&worker, &sig),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
+        }
+        tokio::time::sleep(worker.config.beat_interval).await;
+    }
 }
 
 #[cfg(test)]
