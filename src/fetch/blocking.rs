@@ -7,7 +7,8 @@
 //! the strategy's business (`mod.rs`); the fetch loop (`manager/`) only asks for a job.
 //! Keys: those of the pops (`queue:<q>`, our working lists).
 
-use super::{FetchStrategy, Wait};
+use super::basic::BasicFetch;
+use super::{FetchStrategy, Mode};
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::queues::QueueOrder;
@@ -28,6 +29,95 @@ const MAX_BRPOP_CONNECTIONS: usize = 64;
 /// that already happened is never abandoned while its reply is still on the way.
 const BLOCKERS_GRACE: Duration =
     Duration::from_secs(crate::connections::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
+
+/// What a blocking pop waits on.
+enum Wait {
+    /// Every queue in this fetch's order (basic fetch: BRPOP).
+    AllQueues,
+    /// One queue, into its working list (reliable fetch: BLMOVE).
+    Queue(String),
+}
+
+/// What the strategy says of its blocking pops (private to fetch/: the fetch loop only sees
+/// [`Blockers`]).
+impl FetchStrategy {
+    /// Whether a blocking pop has nothing it may wait on now (its queue, or every queue, is
+    /// skipped for its type): the blocker then idles for a round instead.
+    fn wait_skipped(&self, wait: &Wait, order: &[&str]) -> bool {
+        match wait {
+            Wait::Queue(q) => self.state.is_broken(q),
+            Wait::AllQueues => self.usable(order).is_empty(),
+        }
+    }
+
+    /// The blocking pops an idle process keeps: one BLMOVE per queue (reliable), or one BRPOP
+    /// per slot up to `max` (basic, as Sidekiq runs one per thread).
+    fn waits(&self, queues: &[String], slots: usize, max: usize) -> Vec<Wait> {
+        match self.mode {
+            Mode::Reliable(_) => queues.iter().cloned().map(Wait::Queue).collect(),
+            Mode::Basic(_) => (0..slots.min(max)).map(|_| Wait::AllQueues).collect(),
+        }
+    }
+
+    /// How many blocking pops to have armed. Reliable: all (one per queue). Basic: one per
+    /// free slot, but only one once a round timed out (queues idle), so an idle process costs
+    /// 0.5 commands/s, not 0.5 x -c.
+    fn waits_to_arm(&self, all: usize, free: usize, idle: bool) -> usize {
+        match self.mode {
+            Mode::Reliable(_) => all,
+            Mode::Basic(_) if idle => 1,
+            Mode::Basic(_) => free,
+        }
+    }
+
+    /// Whether one delivery should end the other armed pops: a reliable process waits on
+    /// every queue for one job, so the others stop (whatever they moved is delivered too);
+    /// basic BRPOPs each wait for a slot of their own.
+    fn one_delivery_ends_waits(&self) -> bool {
+        matches!(self.mode, Mode::Reliable(_))
+    }
+
+    /// The command for one blocking pop.
+    fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
+        match (&self.mode, wait) {
+            (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
+            _ => BasicFetch::blocking_pop(&self.usable(order), timeout_secs),
+        }
+    }
+
+    /// The job a blocking pop's reply holds, if any.
+    fn delivered(
+        &self,
+        wait: &Wait,
+        reply: redis::Value,
+        epoch: u64,
+    ) -> redis::RedisResult<Option<UnitOfWork>> {
+        Ok(match wait {
+            Wait::Queue(q) => redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| {
+                let mut job = UnitOfWork {
+                    queue: q.as_str().into(),
+                    raw,
+                    epoch,
+                    seq: 0,
+                };
+                if let Mode::Reliable(r) = &self.mode {
+                    r.delivered(&mut job);
+                }
+                job
+            }),
+            Wait::AllQueues => {
+                redis::from_redis_value::<Option<(String, Vec<u8>)>>(reply)?.map(|(k, raw)| {
+                    UnitOfWork {
+                        queue: k.strip_prefix("queue:").unwrap_or(&k).into(),
+                        raw,
+                        epoch,
+                        seq: 0,
+                    }
+                })
+            }
+        })
+    }
+}
 
 /// What the blocking pops share: the strategy, the connection they open theirs from, the
 /// shutdown state that ends them, the queues in their fetch order.

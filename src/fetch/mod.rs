@@ -4,7 +4,7 @@
 //! mode is on. Keys: those of `reliable.rs` / `basic.rs`.
 //!
 //! To add a strategy: a module beside `reliable.rs`, a variant of `Mode`, and one arm in each
-//! method below.
+//! method below and in the blocking-pop methods of `blocking.rs`.
 
 mod acks;
 mod basic;
@@ -37,14 +37,6 @@ const SETTLE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis
 enum Mode {
     Reliable(ReliableFetch),
     Basic(BasicFetch),
-}
-
-/// What a blocking pop waits on.
-enum Wait {
-    /// Every queue in this fetch's order (basic fetch: BRPOP).
-    AllQueues,
-    /// One queue, into its working list (reliable fetch: BLMOVE).
-    Queue(String),
 }
 
 /// `--fetch`: how jobs are taken from their queues.
@@ -148,83 +140,6 @@ impl FetchStrategy {
         let mut order = order.to_vec();
         order.retain(|q| !self.state.is_broken(q));
         order
-    }
-
-    /// Whether a blocking pop has nothing it may wait on now (its queue, or every queue, is
-    /// skipped for its type): the blocker then idles for a round instead.
-    fn wait_skipped(&self, wait: &Wait, order: &[&str]) -> bool {
-        match wait {
-            Wait::Queue(q) => self.state.is_broken(q),
-            Wait::AllQueues => self.usable(order).is_empty(),
-        }
-    }
-
-    /// The blocking pops an idle process keeps: one BLMOVE per queue (reliable), or one BRPOP
-    /// per slot up to `max` (basic, as Sidekiq runs one per thread).
-    fn waits(&self, queues: &[String], slots: usize, max: usize) -> Vec<Wait> {
-        match self.mode {
-            Mode::Reliable(_) => queues.iter().cloned().map(Wait::Queue).collect(),
-            Mode::Basic(_) => (0..slots.min(max)).map(|_| Wait::AllQueues).collect(),
-        }
-    }
-
-    /// How many blocking pops to have armed. Reliable: all (one per queue). Basic: one per
-    /// free slot, but only one once a round timed out (queues idle), so an idle process costs
-    /// 0.5 commands/s, not 0.5 x -c.
-    fn waits_to_arm(&self, all: usize, free: usize, idle: bool) -> usize {
-        match self.mode {
-            Mode::Reliable(_) => all,
-            Mode::Basic(_) if idle => 1,
-            Mode::Basic(_) => free,
-        }
-    }
-
-    /// Whether one delivery should end the other armed pops: a reliable process waits on
-    /// every queue for one job, so the others stop (whatever they moved is delivered too);
-    /// basic BRPOPs each wait for a slot of their own.
-    fn one_delivery_ends_waits(&self) -> bool {
-        matches!(self.mode, Mode::Reliable(_))
-    }
-
-    /// The command for one blocking pop.
-    fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
-        match (&self.mode, wait) {
-            (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
-            _ => BasicFetch::blocking_pop(&self.usable(order), timeout_secs),
-        }
-    }
-
-    /// The job a blocking pop's reply holds, if any.
-    fn delivered(
-        &self,
-        wait: &Wait,
-        reply: redis::Value,
-        epoch: u64,
-    ) -> redis::RedisResult<Option<UnitOfWork>> {
-        Ok(match wait {
-            Wait::Queue(q) => redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| {
-                let mut job = UnitOfWork {
-                    queue: q.as_str().into(),
-                    raw,
-                    epoch,
-                    seq: 0,
-                };
-                if let Mode::Reliable(r) = &self.mode {
-                    r.delivered(&mut job);
-                }
-                job
-            }),
-            Wait::AllQueues => {
-                redis::from_redis_value::<Option<(String, Vec<u8>)>>(reply)?.map(|(k, raw)| {
-                    UnitOfWork {
-                        queue: k.strip_prefix("queue:").unwrap_or(&k).into(),
-                        raw,
-                        epoch,
-                        seq: 0,
-                    }
-                })
-            }
-        })
     }
 
     /// Whether a failed fetch may have moved jobs into our working lists without telling us
