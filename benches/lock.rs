@@ -189,7 +189,7 @@ async fn main() {
             );
         }
         for h in &held {
-            assert!(h.lease.release().await.unwrap());
+            assert!(h.release().await.unwrap());
         }
     }
 }

@@ -77,7 +77,8 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 #[doc(hidden)]
 pub mod test_support {
     pub use crate::job::payload::{new_jid, now_f64};
-    pub use crate::loops::periodic::{member_arg, tick_of};
+    pub use crate::loops::periodic::tick_of;
+    pub use crate::loops::periodic_tick::member_arg;
     pub use crate::manifest::cron::CronSchedule;
     pub use crate::metrics::sidekiq_tab::{JobMetrics, Mode};
     pub use crate::worker::erb::render_with as erb_render_with;

@@ -1,7 +1,8 @@
 //! The shape of src/, checked from the source text (no server, no process): every folder of
 //! src/ is a layer, and a folder imports only the folders below it in `LAYERS` (the order of
-//! src/lib.rs's layout map and ARCHITECTURE.md), so no two folders import each other; and no
-//! function outside the unit tests is longer than `MAX_FN_LINES`.
+//! src/lib.rs's layout map and ARCHITECTURE.md), so no two folders import each other; no two
+//! files import each other either (through `crate::` or `super::` paths; a file's own folders'
+//! mod.rs aside); and no function outside the unit tests is longer than `MAX_FN_LINES`.
 //! `cargo test --test layers -- --nocapture` prints the folder graph and the longest functions.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -198,4 +199,132 @@ fn no_function_is_longer_than_a_screen() {
     }
     let long: Vec<_> = lengths.iter().filter(|(n, _)| *n > MAX_FN_LINES).collect();
     assert!(long.is_empty(), "over {MAX_FN_LINES} lines: {long:#?}");
+}
+
+/// A file's module path under src/ (`loops/heartbeat.rs` -> [loops, heartbeat], a `mod.rs`
+/// -> its folder); None for the crate root files.
+fn module_of(path: &Path) -> Option<Vec<String>> {
+    let rel = path.strip_prefix(src()).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap().to_string())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    (parts.len() > 1 || path.parent() != Some(&src())).then_some(parts)
+}
+
+/// Every path a file names through `crate::` or `super::` (use trees expanded), as module
+/// segments from the crate root.
+fn paths_named(code: &str, me: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        if code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        expand(&code[i + "crate::".len()..], Vec::new(), &mut out);
+    }
+    for (i, _) in code.match_indices("super::") {
+        if code[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        // `super` of a file is its folder's module; of a mod.rs, the folder above.
+        let mut base: Vec<String> = me.to_vec();
+        base.pop();
+        let mut rest = &code[i + "super::".len()..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            base.pop();
+            rest = r;
+        }
+        expand(rest, base, &mut out);
+    }
+    out
+}
+
+/// Expand one path (or use tree) starting at `s` under `prefix` into `out`.
+fn expand(s: &str, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let mut s = s;
+    loop {
+        if let Some(group) = s.strip_prefix('{') {
+            let mut depth = 0;
+            let mut start = 0;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        expand(group[start..i].trim(), prefix.clone(), out);
+                        return;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        expand(group[start..i].trim(), prefix.clone(), out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            return;
+        }
+        let id = first_ident(s);
+        if id.is_empty() || id == "self" {
+            break;
+        }
+        prefix.push(id.clone());
+        s = &s[id.len()..];
+        match s.strip_prefix("::") {
+            Some(r) => s = r,
+            None => break,
+        }
+    }
+    out.push(prefix);
+}
+
+/// (file, file) edges between files of src/ through `crate::` and `super::` paths, a file's
+/// own ancestors (its folders' mod.rs) left out.
+fn file_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let modules: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .filter_map(|f| {
+            let shown = f.strip_prefix(src()).unwrap().display().to_string();
+            module_of(f).map(|m| (m, shown))
+        })
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let Some(me) = module_of(f) else { continue };
+        let shown = &modules[&me];
+        for path in paths_named(&code_of(f), &me) {
+            let target = (1..=path.len())
+                .rev()
+                .find_map(|k| modules.get_key_value(&path[..k]));
+            let Some((target_mod, target_file)) = target else {
+                continue;
+            };
+            if me.starts_with(target_mod) || target_mod.starts_with(&me) {
+                continue;
+            }
+            edges
+                .entry(shown.clone())
+                .or_default()
+                .insert(target_file.clone());
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_two_files_import_each_other() {
+    let edges = file_graph();
+    let mut circles = Vec::new();
+    for (a, tos) in &edges {
+        for b in tos {
+            if a < b && edges.get(b).is_some_and(|t| t.contains(a)) {
+                circles.push(format!("{a} <-> {b}"));
+            }
+        }
+    }
+    assert!(circles.is_empty(), "two-file circles: {circles:#?}");
 }

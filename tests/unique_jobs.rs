@@ -287,7 +287,12 @@ fn a_held_runtime_lock_with_on_conflict_reject_sends_the_job_to_dead() {
 fn reject_sends_to_dead_even_with_retry_false() {
     let (redis, p, w) = conflicted_with("reject", json!({"retry": false}));
     wait_until("the job is dead", WAIT, || redis.zcard("dead") == 1);
-    assert_eq!(one_entry(&redis, "dead")["jid"].as_str(), Some(JID), "{}", w.output());
+    assert_eq!(
+        one_entry(&redis, "dead")["jid"].as_str(),
+        Some(JID),
+        "{}",
+        w.output()
+    );
     left_alone(&redis, &p);
 }
 

@@ -14,6 +14,8 @@ use crate::worker::error::{
 };
 use clap::{Args, CommandFactory, Parser, Subcommand};
 
+mod check;
+mod enqueue;
 mod generate;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -306,8 +308,8 @@ pub fn main_with(registry: Registry) -> i32 {
     match cli.cmd {
         None => run(cli.run, registry),
         Some(Cmd::Run(a)) => run(a, registry),
-        Some(Cmd::Enqueue(a)) => enqueue(a),
-        Some(Cmd::Check(a)) => check(a, &registry),
+        Some(Cmd::Enqueue(a)) => enqueue::enqueue(a),
+        Some(Cmd::Check(a)) => check::check(a, &registry),
         Some(Cmd::Completions { shell }) => generate::completions(Cli::command(), shell),
         Some(Cmd::Man { dir }) => generate::man(Cli::command(), dir.as_deref()),
         Some(Cmd::Db(DbCmd::Schema)) => {
@@ -347,175 +349,4 @@ fn run(a: RunArgs, registry: Registry) -> i32 {
         Ok(()) => 0,
         Err(e) => report(&e),
     }
-}
-
-fn enqueue(a: EnqueueArgs) -> i32 {
-    if a.queue.trim().is_empty() {
-        return report(&StartError::Config("--queue must not be empty".into()));
-    }
-    let mut args = Vec::new();
-    for (i, s) in a.args.iter().enumerate() {
-        match parse_arg(s) {
-            Ok(v) => args.push(v),
-            Err(e) => {
-                let why = format!("argument {} ({s:?}) is not valid JSON: {e}", i + 1);
-                return report(&StartError::Config(why));
-            }
-        }
-    }
-    let retry = match a.retry.as_deref() {
-        None | Some("true") => serde_json::Value::Bool(true),
-        Some("false") => serde_json::Value::Bool(false),
-        Some(n) => match n.parse::<i64>() {
-            Ok(n) => serde_json::Value::from(n),
-            Err(_) => {
-                let why = format!("--retry takes a number, true or false, not {n:?}");
-                return report(&StartError::Config(why));
-            }
-        },
-    };
-    let job = crate::job::client::NewJob {
-        class: a.class,
-        args,
-        queue: a.queue,
-        retry,
-        at: a.in_secs.map(|s| crate::job::payload::now_f64() + s),
-    };
-    crate::traces::start("playguard");
-    let res = runtime().block_on(async {
-        let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
-        let push = crate::job::client::push(&mut conn, &job);
-        Ok(crate::traces::publish(&job.queue, push).await)
-    });
-    crate::traces::stop(Duration::from_secs(2));
-    match res {
-        Err(e) => report(&e),
-        Ok(Ok(jid)) => {
-            println!("{jid}");
-            0
-        }
-        Ok(Err(e)) => {
-            eprintln!(
-                "playguard: cannot enqueue at {}: {e}",
-                crate::connections::redact::url(&a.redis.url)
-            );
-            1
-        }
-    }
-}
-
-/// A JSON value; a bare word (not starting like JSON) is taken as a string, so
-/// `enqueue Job hello 42` sends ["hello", 42], while a broken `[1,` is an error, not "[1,".
-fn parse_arg(s: &str) -> Result<serde_json::Value, serde_json::Error> {
-    match serde_json::from_str(s) {
-        Ok(v) => Ok(v),
-        Err(e) => {
-            let t = s.trim_start();
-            let looks_json = t.starts_with(['[', '{', '"'])
-                || t.starts_with(|c: char| c.is_ascii_digit())
-                || (t.starts_with('-') && t[1..].starts_with(|c: char| c.is_ascii_digit()));
-            if looks_json {
-                Err(e)
-            } else {
-                Ok(serde_json::Value::from(s))
-            }
-        }
-    }
-}
-
-fn check(a: CheckArgs, registry: &Registry) -> i32 {
-    let m = match manifest_jobs::load_manifest(&a.jobs, registry) {
-        Ok(m) => m,
-        Err(e) => {
-            return report(&StartError::Config(format!("bad manifest: {e}")));
-        }
-    };
-    let database = match check_database(&a, &m, registry) {
-        Ok(d) => d,
-        Err(e) => return report(&e),
-    };
-    let url = crate::connections::redact::url(&a.redis.url);
-    let res = runtime().block_on(async {
-        let (_, mut conn) = open_redis(&a.redis.url, Duration::ZERO).await?;
-        let version = redis_version(&mut conn, &url).await?;
-        let replicated = crate::worker::fence_advice::replication(&mut conn).await;
-        let version = match conn.primary() {
-            Some(p) => format!("{version} (primary {p})"),
-            None => version,
-        };
-        Ok::<_, StartError>((version, replicated))
-    });
-    match res {
-        Err(e) => report(&e),
-        Ok((version, replicated)) => {
-            println!(
-                "ok: {} job class(es) in {} ({} periodic), {} Rust handler(s), Redis {version} at {url} answers",
-                m.jobs.len(),
-                a.jobs.display(),
-                m.periodic.len(),
-                registry.classes().len(),
-            );
-            if let Some(line) = database {
-                println!("ok: {line}");
-            }
-            print_schedules(&m.periodic);
-            let classes = crate::worker::fence_advice::on_redis_fences(&m);
-            if let Some(w) = crate::worker::fence_advice::advice(&classes, replicated.as_deref()) {
-                println!("warning: {w}");
-            }
-            0
-        }
-    }
-}
-
-/// Each `[[periodic]]` entry's next three run times, in its own zone.
-fn print_schedules(periodic: &[crate::manifest::PeriodicSpec]) {
-    let now = chrono::Utc::now().timestamp();
-    for p in periodic {
-        let (what, times): (String, Vec<String>) = match (&p.schedule, p.every_secs) {
-            (Some(c), _) => (
-                format!("cron {:?} in {}", c.line(), c.tz()),
-                c.upcoming(now, 3).iter().map(|t| t.to_rfc3339()).collect(),
-            ),
-            (None, Some(every)) => (
-                format!("every {every} s"),
-                (1..=3)
-                    .filter_map(|i| {
-                        let at = (now as u64 / every + i) * every;
-                        chrono::DateTime::from_timestamp(at as i64, 0)
-                    })
-                    .map(|t| t.to_rfc3339())
-                    .collect(),
-            ),
-            (None, None) => continue,
-        };
-        println!("periodic {:?}: {what}; next {}", p.name, times.join(", "));
-    }
-}
-
-/// The database half of `check`: a `fence = "database"` job without a URL is a configuration
-/// error (2); a URL that does not answer is 1. The password is never printed.
-fn check_database(
-    a: &CheckArgs,
-    m: &crate::manifest::Manifest,
-    registry: &Registry,
-) -> Result<Option<String>, StartError> {
-    let url = a.database.database_url.as_deref().filter(|u| !u.is_empty());
-    let needing = manifest_jobs::needing_database(m, registry);
-    if url.is_none() && !needing.is_empty() {
-        return Err(StartError::Config(manifest_jobs::missing_database(
-            &needing,
-        )));
-    }
-    let Some(url) = url else {
-        return Ok(None);
-    };
-    let db = parse_database(url, "playguard-check")?;
-    let version = runtime()
-        .block_on(db.server_version())
-        .map_err(|e| database_error(&db, e))?;
-    Ok(Some(format!(
-        "PostgreSQL {version} at {} answers",
-        db.shown_url()
-    )))
 }

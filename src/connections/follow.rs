@@ -7,12 +7,15 @@
 //! to a server already left do not make us leave the next one. Touches no keys.
 
 use crate::connections::sentinel::{Backoff, Resolver};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, RedisResult, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where the primary is found: one name, or the sentinels.
 // One per process (held by the shared connection): its size does not matter.
@@ -267,7 +270,7 @@ async fn connect(
             None => r.primary().await?,
         },
     };
-    let mut manager = crate::connections::redis_conn::manager(&client, response_timeout).await?;
+    let mut manager = manager(&client, response_timeout).await?;
     // A server still loading its dataset answers LOADING to everything: taking it now would
     // only make the next request leave it again, a reconnect per request; wait with backoff.
     if let Err(e) = redis::cmd("PING").query_async::<()>(&mut manager).await {
@@ -318,4 +321,17 @@ fn replica(addr: &str) -> RedisError {
         "the server behind the name is a replica (not moved yet)",
         addr.to_string(),
     ))
+}
+
+/// A connection manager to one server, with our connect and reply deadlines.
+async fn manager(
+    client: &redis::Client,
+    response_timeout: Duration,
+) -> RedisResult<ConnectionManager> {
+    let cfg = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(CONNECT_TIMEOUT))
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500));
+    client.get_connection_manager_with_config(cfg).await
 }

@@ -5,12 +5,11 @@
 //! `redis-sentinel://` URL, `sentinel.rs`) and leave it together. Clients for one server come
 //! from `redis_client.rs`. Touches no keys itself.
 
+pub use crate::connections::follow::CONNECT_TIMEOUT;
 use crate::connections::follow::{value_suspect, Follow, Source};
 pub use crate::connections::redis_client::{plain_client, CA_ENV};
 use crate::connections::sentinel::{Resolver, SentinelUrl};
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, Cmd, RedisFuture, RedisResult, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,8 +18,6 @@ use std::time::Duration;
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Reply deadline on blocking-pop connections (the pops block for 2 s server-side).
 pub const BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(12);
-/// How long connecting may take.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Where connections go: one server, or whichever server the sentinels name as primary.
 // One per process (held by the Worker): its size does not matter, boxing would only add noise.
@@ -153,18 +150,6 @@ impl ConnectionLike for Conn {
             Source::Sentinel(r) => r.url.db,
         }
     }
-}
-
-pub(crate) async fn manager(
-    client: &redis::Client,
-    response_timeout: Duration,
-) -> RedisResult<ConnectionManager> {
-    let cfg = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(CONNECT_TIMEOUT))
-        .set_response_timeout(Some(response_timeout))
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500));
-    client.get_connection_manager_with_config(cfg).await
 }
 
 /// The shared connection: pipelined, every reply bounded by `response_timeout`. A reply that

@@ -18,14 +18,17 @@
 //!
 //! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
 //! store's business (`fences.rs`): the cycle only asks it to hold, renew and finish.
-//! What a phase runs is not: manifest command phases are in `reconcile.rs`, Rust phases are
-//! [`FnPhase`] or any [`Phase`].
+//! What a phase runs is not: the phase API is `phase.rs`; manifest command phases are in
+//! `reconcile.rs`, Rust phases are [`FnPhase`] or any [`Phase`].
 
 use crate::commands::child;
 use crate::cycle::fences::{self, FenceSource, Held};
 use crate::cycle::keys::{render_key, render_template};
 use crate::cycle::ledger::End;
 use crate::cycle::lock;
+use crate::cycle::phase::stop_signal;
+use crate::cycle::phase::{FnPhase, Phase, PhaseContext, PhaseEnd, StopCause};
+use crate::cycle::release_guard::ReleaseGuard;
 use crate::job::error_class;
 use crate::job::handler::{BoxFuture, Handler, JobContext, Outcome};
 use crate::job::report::{Kind, Report};
@@ -34,104 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
-
-/// What a phase is told about its run: the job's context plus the lease facts.
-#[derive(Clone)]
-pub struct PhaseContext {
-    pub job: JobContext,
-    pub phase: String,
-    pub lock_key: String,
-    /// The fencing token: pass it to every downstream write (see lock.rs).
-    pub fence: i64,
-    /// The lease's local deadline: the phase must be done by then.
-    pub lease_deadline: Instant,
-    /// When this phase must stop: the lease deadline or, earlier, its own timeout.
-    pub stop_at: Instant,
-    /// The latest a phase's commands may live: past the lease's local deadline by half its
-    /// safety margin, so still before the lock can expire in Redis. Their guardian kills them
-    /// then even when this process is frozen (`commands/guardian/`).
-    pub kill_by: Instant,
-}
-
-impl std::ops::Deref for PhaseContext {
-    type Target = JobContext;
-    fn deref(&self) -> &JobContext {
-        &self.job
-    }
-}
-
-/// Why a phase was stopped from outside.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum StopCause {
-    LeaseDeadline,
-    PhaseTimeout,
-    Shutdown,
-    /// The process's liveness lease lapsed: the job may be recovered elsewhere.
-    Liveness,
-}
-
-/// How one phase ended.
-#[derive(Debug)]
-pub enum PhaseEnd {
-    Ok,
-    Failed(Failure),
-    Stopped(StopCause),
-}
-
-impl PhaseEnd {
-    /// What a phase's span records as its error (None: it went well).
-    fn trace_error(&self) -> Option<String> {
-        match self {
-            PhaseEnd::Ok => None,
-            PhaseEnd::Failed(f) => Some(f.message.clone()),
-            PhaseEnd::Stopped(c) => Some(format!("stopped: {c:?}")),
-        }
-    }
-}
-
-/// One phase of a cycle. Command phases come from manifests (`reconcile::CommandPhase`); Rust
-/// phases implement this.
-pub trait Phase: Send + Sync + 'static {
-    fn name(&self) -> &str;
-    /// Run the phase. Stop by `ctx.stop_at` and at the shutdown deadline; a Rust phase that
-    /// does not is abandoned (its future dropped) at those moments.
-    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd>;
-}
-
-/// When a phase must stop and why: the earliest of lease deadline, phase timeout, shutdown.
-pub(crate) async fn stop_signal(ctx: &PhaseContext) -> StopCause {
-    let cause_at = if ctx.stop_at < ctx.lease_deadline {
-        StopCause::PhaseTimeout
-    } else {
-        StopCause::LeaseDeadline
-    };
-    tokio::select! {
-        _ = tokio::time::sleep_until(ctx.stop_at) => cause_at,
-        _ = ctx.shutdown.hard_deadline() => StopCause::Shutdown,
-        _ = ctx.job.liveness.lapse() => StopCause::Liveness,
-    }
-}
-
-/// A Rust phase from an async closure: `Ok(())` = done, `Err(Failure)` = the job fails.
-pub struct FnPhase<F> {
-    name: String,
-    f: F,
-}
-
-impl<F, Fut> Phase for FnPhase<F>
-where
-    F: Fn(PhaseContext) -> Fut + Send + Sync + 'static,
-    Fut: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
-{
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd> {
-        let fut = (self.f)(ctx);
-        Box::pin(async move { fut.await.map_or_else(PhaseEnd::Failed, |()| PhaseEnd::Ok) })
-    }
-}
 
 /// Lock settings of a phased job.
 #[derive(Debug, Clone)]
@@ -189,85 +94,7 @@ impl Cycle {
         F: Fn(PhaseContext) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = Result<(), Failure>> + Send + 'static,
     {
-        self.phase(
-            FnPhase {
-                name: name.into(),
-                f,
-            },
-            None,
-        )
-    }
-}
-
-/// Records the outcome and releases the lease however the cycle ends, even if the cycle's
-/// future is dropped (then only the release happens; the ledger row stays `running` and the
-/// next acquisition marks it `uncertain`).
-struct ReleaseGuard {
-    lease: Option<Held>,
-}
-
-impl ReleaseGuard {
-    /// Write the outcome to the ledger (while the lock is still ours), then release.
-    async fn end(&mut self, end: End, phase: Option<&str>, error: Option<&str>, why: &str) {
-        if let Some(held) = self.lease.as_ref() {
-            held.finish(end, phase, error).await;
-        }
-        self.release(why).await;
-    }
-
-    /// Release the lease after the last phase, proving it was ours through that phase
-    /// (`Lease::release_proving`). On `Err` the lease is gone, unless Redis could not be
-    /// asked: then it is still held, for [`ReleaseGuard::lost`] to release.
-    async fn release_proving(&mut self) -> Result<(), lock::LockLost> {
-        let held = self.lease.take().expect("held between phases");
-        let lease = &held.lease;
-        match lease.release_proving().await {
-            Ok(()) => {
-                crate::traces::lock_event("lock released", lease.key(), held.fence());
-                tracing::info!(
-                    lock_key = lease.key(),
-                    fence = held.fence(),
-                    "lock released (cycle complete)"
-                );
-                Ok(())
-            }
-            Err(e) => {
-                if matches!(e, lock::LockLost::Redis(_)) {
-                    self.lease = Some(held);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn release(&mut self, why: &str) {
-        if let Some(held) = self.lease.take() {
-            let lease = &held.lease;
-            let released = lease.release().await;
-            if matches!(released, Ok(true)) {
-                crate::traces::lock_event("lock released", lease.key(), held.fence());
-            }
-            match released {
-                Ok(true) => tracing::info!(lock_key = lease.key(), fence = held.fence(), "lock released ({why})"),
-                Ok(false) => tracing::info!(lock_key = lease.key(),
-                    "lock was no longer ours at release ({why}); the newer owner's lock is untouched"),
-                Err(e) => tracing::warn!(lock_key = lease.key(), error = %e,
-                    "could not release the lock ({why}); it expires by its ttl"),
-            }
-        }
-    }
-}
-
-impl Drop for ReleaseGuard {
-    fn drop(&mut self) {
-        if let Some(held) = self.lease.take() {
-            // Cancelled or panicked mid-cycle: release in the background.
-            if let Ok(h) = tokio::runtime::Handle::try_current() {
-                h.spawn(async move {
-                    let _ = held.lease.release().await;
-                });
-            }
-        }
+        self.phase(FnPhase::new(name.into(), f), None)
     }
 }
 
@@ -314,7 +141,7 @@ async fn run_cycle(lock: LockConfig, phases: Phases, ctx: JobContext) -> Outcome
     };
     let mut run = Running {
         fence: held.fence(),
-        guard: ReleaseGuard { lease: Some(held) },
+        guard: ReleaseGuard::new(held),
         ctx: &ctx,
         key: &key,
         label: &label,
@@ -355,11 +182,9 @@ async fn take_lock(
     // The fence (Redis or PostgreSQL) and the ledger row; fail closed: without them, no phase.
     let held = match fences::hold(lease, lock.fence, ctx.db.as_ref(), &ctx.jid).await {
         Ok(h) => h,
-        Err((lease, e)) => {
-            if let Err(re) = lease.release().await {
-                tracing::warn!(lock_key = %key, error = %re,
-                    "could not release the lock; it expires by its ttl");
-            }
+        Err((held, e)) => {
+            let mut guard = ReleaseGuard::new(held);
+            guard.release("the acquisition was not recorded").await;
             let db = ctx.db.as_ref().map(|d| d.shown_url()).unwrap_or("-");
             tracing::warn!(lock_key = %key, error = %e, database = %db,
                 "{label}: could not record the acquisition in PostgreSQL; lock released, the job is retried");
@@ -492,13 +317,7 @@ impl Running<'_> {
             tracing::warn!(next_phase = %name, "liveness lease lapsed: stopping at the phase boundary");
             return Some(Ending::lapsed(last));
         }
-        let lease = &self
-            .guard
-            .lease
-            .as_ref()
-            .expect("held between phases")
-            .lease;
-        if !lease.remaining().is_zero() {
+        if !self.guard.held().remaining().is_zero() {
             return None;
         }
         // A slow renewal ate the whole lease: starting a phase now would be unguarded.
@@ -520,7 +339,7 @@ impl Running<'_> {
     ) -> (PhaseEnd, Duration) {
         let ctx = self.ctx;
         let name = phase.name();
-        let lease_deadline = self.guard.lease.as_ref().expect("held").lease.deadline();
+        let lease_deadline = self.guard.held().deadline();
         let started = Instant::now();
         let stop_at = match timeout {
             Some(t) => lease_deadline.min(started + t),
@@ -613,7 +432,7 @@ impl Running<'_> {
     /// comparison of our token, so the cycle's last renewal is folded into it (one round trip
     /// fewer per cycle, the same verdict).
     async fn prove(&mut self, name: &str, last: bool) -> Option<Ending> {
-        let held = self.guard.lease.as_mut().expect("held between phases");
+        let held = self.guard.held_mut();
         let lost = if last && held.release_proves() {
             self.ctx.set_phase(None);
             let Err(lost) = self.guard.release_proving().await else {
@@ -642,7 +461,7 @@ impl Running<'_> {
             "aborted: lock lost; no further phase starts");
         // After a failed release the lock is still held only when Redis could not be asked:
         // the key may still be ours, and is released as after a failed renewal.
-        if self.guard.lease.is_none() {
+        if !self.guard.is_held() {
             tracing::info!(lock_key = %self.key,
                 "lock was no longer ours at release (lock lost); the newer owner's lock is untouched");
         }

@@ -46,7 +46,7 @@ pub enum Lost {
 /// A lock held by a cycle: the Redis lease, the fence every guarded write carries, and the
 /// cycle's ledger row when a database is configured.
 pub struct Held {
-    pub lease: Lease,
+    lease: Lease,
     fence: i64,
     source: FenceSource,
     db: Option<Db>,
@@ -57,26 +57,21 @@ pub struct Held {
 /// acquisition gets a `running` ledger row (both sources); with `FenceSource::Database` the
 /// fence itself is taken in that same statement, above the lease's Redis fence.
 ///
-/// On `Err` nothing was recorded and the lease is still held: the caller releases it.
+/// On `Err` nothing was recorded and the lease is still held (with its Redis fence, no
+/// ledger row): the caller releases it.
 pub async fn hold(
     lease: Lease,
     source: FenceSource,
     db: Option<&Db>,
     jid: &str,
-) -> Result<Held, (Lease, DbError)> {
+) -> Result<Held, (Held, DbError)> {
     let Some(db) = db else {
         if source == FenceSource::Database {
             // Startup refuses this combination; never hand out a Redis fence in its place.
             let e = DbError::Config("fence = \"database\" needs a database URL".into());
-            return Err((lease, e));
+            return Err((Held::unrecorded(lease, source), e));
         }
-        return Ok(Held {
-            fence: lease.fence(),
-            lease,
-            source,
-            db: None,
-            cycle_id: None,
-        });
+        return Ok(Held::unrecorded(lease, source));
     };
     let asked = match source {
         FenceSource::Redis => Fence::Redis(lease.fence()),
@@ -90,11 +85,48 @@ pub async fn hold(
             db: Some(db.clone()),
             cycle_id: Some(id),
         }),
-        Err(e) => Err((lease, e)),
+        Err(e) => Err((Held::unrecorded(lease, source), e)),
     }
 }
 
 impl Held {
+    /// A lease with its Redis fence and no ledger row.
+    fn unrecorded(lease: Lease, source: FenceSource) -> Held {
+        Held {
+            fence: lease.fence(),
+            lease,
+            source,
+            db: None,
+            cycle_id: None,
+        }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        self.lease.key()
+    }
+
+    /// Lease time left before its local deadline (zero once past it).
+    pub fn remaining(&self) -> std::time::Duration {
+        self.lease.remaining()
+    }
+
+    /// The lease's local deadline: nothing guarded may run past it.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.lease.deadline()
+    }
+
+    /// Release the lock with compare-and-DEL ([`Lease::release`]): `Ok(false)` when it was no
+    /// longer ours.
+    pub async fn release(&self) -> redis::RedisResult<bool> {
+        self.lease.release().await
+    }
+
+    /// Release, proving the lock was ours up to now ([`Lease::release_proving`]).
+    pub async fn release_proving(&self) -> Result<(), LockLost> {
+        self.lease.release_proving().await
+    }
+
     /// The fence to attach to every guarded write.
     pub fn fence(&self) -> i64 {
         self.fence

@@ -8,4 +8,6 @@ pub mod fences;
 pub mod keys;
 pub mod ledger;
 pub mod lock;
+pub mod phase;
 pub mod reconcile;
+mod release_guard;

@@ -10,10 +10,9 @@
 
 use crate::commands::child::{Exit, Stop};
 use crate::commands::command_job::{exit_failure, job_env, run_for, LockEnv};
-use crate::cycle::engine::stop_signal;
-pub use crate::cycle::engine::{
-    Cycle, FnPhase, LockConfig, Phase, PhaseContext, PhaseEnd, StopCause,
-};
+pub use crate::cycle::engine::{Cycle, LockConfig};
+use crate::cycle::phase::stop_signal;
+pub use crate::cycle::phase::{FnPhase, Phase, PhaseContext, PhaseEnd, StopCause};
 use crate::job::handler::BoxFuture;
 use tokio::time::Instant;
 

@@ -4,12 +4,14 @@
 //! mode is on. Keys: those of `reliable.rs` / `basic.rs`.
 //!
 //! To add a strategy: a module beside `reliable.rs`, a variant of `Mode`, and one arm in each
-//! method below.
+//! method below and in the blocking-pop methods of `blocking.rs`.
 
 mod acks;
 mod basic;
+pub mod blocking;
 pub mod recent;
 mod reliable;
+pub mod rescue;
 pub mod unit_of_work;
 mod working_order;
 
@@ -19,6 +21,7 @@ use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::next_due::NextDue;
 use crate::job::retry::Record;
+use crate::process::liveness::Liveness;
 use crate::process::redis_state::RedisState;
 use crate::process::shutdown::Shutdown;
 use basic::BasicFetch;
@@ -36,14 +39,6 @@ enum Mode {
     Basic(BasicFetch),
 }
 
-/// What a blocking pop waits on.
-pub enum Wait {
-    /// Every queue in this fetch's order (basic fetch: BRPOP).
-    AllQueues,
-    /// One queue, into its working list (reliable fetch: BLMOVE).
-    Queue(String),
-}
-
 /// `--fetch`: how jobs are taken from their queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FetchMode {
@@ -52,6 +47,15 @@ pub enum FetchMode {
     Reliable,
     /// Sidekiq OSS's BRPOP: a job popped by a process that dies is lost.
     Basic,
+}
+
+impl FetchMode {
+    /// Whether its jobs wait in working lists in Redis until they finished, keys an evicting
+    /// Redis may drop (`loops/eviction.rs`). Asked before the strategy exists; afterwards the
+    /// layers above learn it only as the lease ([`FetchStrategy::liveness`]).
+    pub fn keeps_working_lists(self) -> bool {
+        self == FetchMode::Reliable
+    }
 }
 
 pub struct FetchStrategy {
@@ -67,6 +71,8 @@ pub struct FetchStrategy {
     recent: recent::Recent,
     /// Told of each retry written, so the scheduled poller wakes at its score.
     next_due: Arc<NextDue>,
+    /// The process's liveness lease: kept where our jobs can be found again if we die.
+    liveness: Liveness,
 }
 
 impl FetchStrategy {
@@ -83,7 +89,12 @@ impl FetchStrategy {
             }
             FetchMode::Basic => Mode::Basic(BasicFetch::new(conn.clone())),
         };
+        let liveness = match mode {
+            Mode::Reliable(_) => Liveness::new(),
+            Mode::Basic(_) => Liveness::disabled(),
+        };
         FetchStrategy {
+            liveness,
             mode,
             conn,
             shutdown,
@@ -102,11 +113,16 @@ impl FetchStrategy {
         }
     }
 
-    /// Whether a job of a process that dies can be found again (its working lists): then the
-    /// process keeps an alive key and a fetchers entry, holds a liveness lease, records its
-    /// locks, and sweeps for dead processes' jobs.
-    pub fn recovers_orphans(&self) -> bool {
-        matches!(self.mode, Mode::Reliable(_))
+    /// The liveness lease this strategy needs: kept where a job of a process that dies can be
+    /// found again (its working lists), so the process keeps an alive key and a fetchers
+    /// entry, records its locks, and sweeps for dead processes' jobs; disabled otherwise. The
+    /// one thing the layers above learn of the mode ([`Liveness::is_kept`]).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness.clone()
+    }
+
+    fn recovers_orphans(&self) -> bool {
+        self.liveness.is_kept()
     }
 
     /// Take up to `n` jobs in `order` for the free slots, in one round trip per batch.
@@ -126,86 +142,9 @@ impl FetchStrategy {
         order
     }
 
-    /// Whether a blocking pop has nothing it may wait on now (its queue, or every queue, is
-    /// skipped for its type): the blocker then idles for a round instead.
-    pub fn wait_skipped(&self, wait: &Wait, order: &[&str]) -> bool {
-        match wait {
-            Wait::Queue(q) => self.state.is_broken(q),
-            Wait::AllQueues => self.usable(order).is_empty(),
-        }
-    }
-
-    /// The blocking pops an idle process keeps: one BLMOVE per queue (reliable), or one BRPOP
-    /// per slot up to `max` (basic, as Sidekiq runs one per thread).
-    pub fn waits(&self, queues: &[String], slots: usize, max: usize) -> Vec<Wait> {
-        match self.mode {
-            Mode::Reliable(_) => queues.iter().cloned().map(Wait::Queue).collect(),
-            Mode::Basic(_) => (0..slots.min(max)).map(|_| Wait::AllQueues).collect(),
-        }
-    }
-
-    /// How many blocking pops to have armed. Reliable: all (one per queue). Basic: one per
-    /// free slot, but only one once a round timed out (queues idle), so an idle process costs
-    /// 0.5 commands/s, not 0.5 x -c.
-    pub fn waits_to_arm(&self, all: usize, free: usize, idle: bool) -> usize {
-        match self.mode {
-            Mode::Reliable(_) => all,
-            Mode::Basic(_) if idle => 1,
-            Mode::Basic(_) => free,
-        }
-    }
-
-    /// Whether one delivery should end the other armed pops: a reliable process waits on
-    /// every queue for one job, so the others stop (whatever they moved is delivered too);
-    /// basic BRPOPs each wait for a slot of their own.
-    pub fn one_delivery_ends_waits(&self) -> bool {
-        matches!(self.mode, Mode::Reliable(_))
-    }
-
-    /// The command for one blocking pop.
-    pub fn wait_cmd(&self, wait: &Wait, order: &[&str], timeout_secs: f64) -> redis::Cmd {
-        match (&self.mode, wait) {
-            (Mode::Reliable(r), Wait::Queue(q)) => r.blocking_move(q, timeout_secs),
-            _ => BasicFetch::blocking_pop(&self.usable(order), timeout_secs),
-        }
-    }
-
-    /// The job a blocking pop's reply holds, if any.
-    pub fn delivered(
-        &self,
-        wait: &Wait,
-        reply: redis::Value,
-        epoch: u64,
-    ) -> redis::RedisResult<Option<UnitOfWork>> {
-        Ok(match wait {
-            Wait::Queue(q) => redis::from_redis_value::<Option<Vec<u8>>>(reply)?.map(|raw| {
-                let mut job = UnitOfWork {
-                    queue: q.as_str().into(),
-                    raw,
-                    epoch,
-                    seq: 0,
-                };
-                if let Mode::Reliable(r) = &self.mode {
-                    r.delivered(&mut job);
-                }
-                job
-            }),
-            Wait::AllQueues => {
-                redis::from_redis_value::<Option<(String, Vec<u8>)>>(reply)?.map(|(k, raw)| {
-                    UnitOfWork {
-                        queue: k.strip_prefix("queue:").unwrap_or(&k).into(),
-                        raw,
-                        epoch,
-                        seq: 0,
-                    }
-                })
-            }
-        })
-    }
-
     /// Whether a failed fetch may have moved jobs into our working lists without telling us
     /// (the script ran, its reply was lost), so a rescue `drain` is due once we are idle.
-    pub fn lost_reply_may_hide_jobs(&self) -> bool {
+    fn lost_reply_may_hide_jobs(&self) -> bool {
         matches!(self.mode, Mode::Reliable(_))
     }
 
@@ -214,7 +153,7 @@ impl FetchStrategy {
     /// under load: the jobs we hold stay. Complete when no ack was pending
     /// ([`FetchStrategy::acks_pending`] is 0); otherwise some may stay, for the idle rescue
     /// (`drain`). Returns how many moved.
-    pub async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
+    async fn rescue_lost(&self, queues: &[String]) -> redis::RedisResult<i64> {
         match &self.mode {
             Mode::Reliable(r) => r.rescue_lost(queues).await,
             Mode::Basic(_) => Ok(0),
@@ -290,11 +229,7 @@ impl FetchStrategy {
     /// Push an unfinished job back to its queue, once, as `instead` when given (the job with
     /// its shutdown count raised, `job/interrupted.rs`). `Ok(false)`: it was no longer ours
     /// (the orphan sweep had already returned it), nothing pushed.
-    pub async fn requeue(
-        &self,
-        job: &UnitOfWork,
-        instead: Option<&[u8]>,
-    ) -> redis::RedisResult<bool> {
+    async fn requeue(&self, job: &UnitOfWork, instead: Option<&[u8]>) -> redis::RedisResult<bool> {
         match &self.mode {
             Mode::Reliable(r) => {
                 let pushed = r.requeue(job, instead).await?;
@@ -343,7 +278,7 @@ impl FetchStrategy {
     }
 
     /// Acknowledgements queued or in flight, not yet confirmed by Redis.
-    pub fn acks_pending(&self) -> usize {
+    fn acks_pending(&self) -> usize {
         match &self.mode {
             Mode::Reliable(r) => r.acks_pending(),
             Mode::Basic(_) => 0,

@@ -31,3 +31,6 @@ pub const UNSUPPORTED: &str = "Playguard::Unsupported";
 pub const LOCK_LOST: &str = "Playguard::LockLost";
 /// A Rust handler or a phase that panicked.
 pub const PANIC: &str = "Playguard::Panic";
+/// sidekiq-unique-jobs' runtime lock was held by another job (`job/unique_jobs.rs`); with
+/// `on_conflict: reject` such a failure goes to dead whatever `retry` says (`retry.rs`).
+pub const UNIQUE_CONFLICT: &str = "SidekiqUniqueJobs::Conflict";

@@ -155,8 +155,8 @@ pub fn decide_with(job: &Job, failure: &Failure, policy: Option<&Policy>) -> Dec
     }
     // sidekiq-unique-jobs' reject kills into the dead set whatever `retry` says
     // (job/unique_jobs.rs); any other failure of a `retry: false` job is dropped.
-    let rejected = failure.verdict == Some(Verdict::Kill)
-        && failure.class == crate::job::unique_jobs::CONFLICT;
+    let rejected =
+        failure.verdict == Some(Verdict::Kill) && failure.class == error_class::UNIQUE_CONFLICT;
     let mut max = match max_retries(job.msg()) {
         Some(m) => m,
         None if rejected => 0,

@@ -26,7 +26,7 @@ const MAX_HISTORY: i64 = 1000;
 /// The gem's default `schedule_in` for `on_conflict: reschedule`, in seconds.
 const RESCHEDULE_IN: f64 = 5.0;
 /// error_class of a job the runtime lock kept from running (the gem's exception).
-pub const CONFLICT: &str = "SidekiqUniqueJobs::Conflict";
+pub const CONFLICT: &str = crate::job::error_class::UNIQUE_CONFLICT;
 
 static LOCK: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/unique_lock.lua")));

@@ -6,218 +6,26 @@
 use crate::job::handler::Registry;
 use crate::loops::{heartbeat, periodic, scheduled, sidekiq_cron, sweeper, watchdog};
 use crate::manager;
-use crate::manifest::jobs as manifest_jobs;
 use crate::manifest::PeriodicSpec;
 use crate::process::shutdown::Shutdown;
-use crate::process::slots::SlotTable;
 use crate::worker::config::Config;
-use crate::worker::error::{database_error, open_redis, parse_database, redis_version};
 use crate::worker::Worker;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
-/// How long a start waits for a Redis that is loading its dataset (LOADING).
-const LOADING_WAIT: Duration = Duration::from_secs(300);
-
 /// Extra time after the deadline for killed phases to exit and jobs to be pushed back.
 const AFTER_DEADLINE: Duration = Duration::from_secs(10);
 
 pub use crate::worker::error::StartError;
+pub use signals::Signals;
 
-/// Whether `run_with` listens for OS signals itself (the binary) or leaves them to the
-/// embedder, who stops the worker through its `Shutdown`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Signals {
-    Handle,
-    Ignore,
-}
+mod build;
+mod signals;
 
-/// What an OS signal or a remote signal (Sidekiq's `<identity>-signals` list) asks for,
-/// parsed once where it arrives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Signal {
-    /// TERM or INT (the name, for the log line): stop; a second one moves the deadline to now.
-    Stop(&'static str),
-    /// TSTP: stop fetching, keep running jobs.
-    Quiet,
-    /// TTIN: log what every busy slot is doing.
-    DumpSlots,
-}
+use build::build;
 
-impl Signal {
-    /// The signal named `name` ("TERM", "TSTP", ...), or None for one we do not act on.
-    fn parse(name: &str) -> Option<Signal> {
-        match name {
-            "TERM" => Some(Signal::Stop("TERM")),
-            "INT" => Some(Signal::Stop("INT")),
-            "TSTP" => Some(Signal::Quiet),
-            "TTIN" => Some(Signal::DumpSlots),
-            _ => None,
-        }
-    }
-}
-
-/// Log what every busy slot is doing (TTIN).
-fn dump_slots(worker: &Worker) {
-    let snap = worker.slots.snapshot();
-    tracing::info!(
-        busy = snap.len(),
-        concurrency = worker.config.concurrency,
-        "TTIN: slot dump"
-    );
-    for (tid, e) in snap {
-        tracing::info!(tid = %tid, jid = %e.jid, class = %e.class, queue = %e.queue,
-            phase = e.phase.as_deref().unwrap_or("-"),
-            runtime_ms = e.started.elapsed().as_millis() as u64, "busy");
-    }
-}
-
-fn apply_signal(worker: &Worker, sig: Signal, remote: bool) {
-    let from = if remote { "remote " } else { "" };
-    match sig {
-        Signal::Stop(name) => {
-            let again = worker.shutdown.is_stopping();
-            worker.shutdown.stop(worker.config.timeout);
-            if again {
-                tracing::warn!("{from}{name} again: shutdown deadline moved to now");
-            } else {
-                tracing::info!(
-                    timeout_secs = worker.config.timeout.as_secs_f64(),
-                    "{from}{name}: shutting down; running jobs get until the deadline"
-                );
-                crate::process::notify::stopping(&format!(
-                    "stopping ({name}): running jobs get {} s",
-                    worker.config.timeout.as_secs_f64()
-                ));
-            }
-        }
-        Signal::Quiet => {
-            worker.shutdown.quiet();
-            tracing::info!("{from}TSTP: quiet, no new jobs will be fetched");
-        }
-        Signal::DumpSlots => dump_slots(worker),
-    }
-}
-
-/// A remote signal (a string from `<identity>-signals`): act on it, or log that it is ignored.
-fn apply_remote(worker: &Worker, name: &str) {
-    match Signal::parse(name) {
-        Some(sig) => apply_signal(worker, sig, true),
-        None => tracing::info!("remote {name}: ignored"),
-    }
-}
-
-async fn listen_for_signals(worker: Arc<Worker>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    // USR1 and USR2 are listened for only so that they are logged, not fatal (their default).
-    let kinds = [
-        ("TERM", SignalKind::terminate()),
-        ("INT", SignalKind::interrupt()),
-        ("TSTP", SignalKind::from_raw(nix::libc::SIGTSTP)),
-        ("TTIN", SignalKind::from_raw(nix::libc::SIGTTIN)),
-        ("USR1", SignalKind::user_defined1()),
-        ("USR2", SignalKind::user_defined2()),
-    ];
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(&'static str, Option<Signal>)>();
-    for (name, kind) in kinds {
-        let sig = Signal::parse(name);
-        match signal(kind) {
-            Ok(mut s) => {
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    while s.recv().await.is_some() {
-                        if tx.send((name, sig)).is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-            Err(e) => tracing::warn!("cannot listen for SIG{name}: {e}"),
-        }
-    }
-    while let Some((name, sig)) = rx.recv().await {
-        match sig {
-            Some(sig) => apply_signal(&worker, sig, false),
-            None => tracing::info!("{name}: ignored"),
-        }
-    }
-}
-
-/// One beat, and what it means for the liveness lease: a landed beat extends it; the first
-/// one after a lapse treats our past as dead (see `regained`).
-async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
-    let sent_at = tokio::time::Instant::now();
-    let beat = heartbeat::beat(worker, info).await?;
-    let existed = match beat.lease {
-        heartbeat::Lease::NotKept => return Ok(beat.signal),
-        heartbeat::Lease::Refreshed { existed } => existed,
-        heartbeat::Lease::Missing => false,
-    };
-    // Our alive key vanished since the last beat (evicted, flushed, a failover to a replica
-    // that lacked it): another process may already have recovered our jobs, so this is a
-    // lapse now, and the jobs a lapse stops are stopped. It lasts until the next beat, as a
-    // lapse found by its deadline does: nothing is fetched meanwhile, so the stopped jobs go
-    // back (by LREM of their bytes) before a copy of one can be fetched into the same list.
-    if !existed && worker.liveness.vanished() {
-        tracing::warn!(key = %crate::process::liveness::alive_key(&worker.identity),
-            "liveness lease lapsed: our alive key had vanished from Redis (evicted, flushed, or a failover to a replica that lacked it); stopping our running jobs");
-        return Ok(beat.signal);
-    }
-    if beat.lease == heartbeat::Lease::Missing {
-        return Ok(beat.signal);
-    }
-    // Still lapsed (nothing is fetched): release first, so no lock taken after the
-    // refresh can be among those released.
-    if !worker.liveness.is_live() {
-        regained(worker).await;
-    }
-    worker.liveness.refreshed(sent_at);
-    worker.fetch.retry_deferred_requeues().await;
-    Ok(beat.signal)
-}
-
-/// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
-/// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
-/// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
-async fn regained(worker: &Worker) {
-    tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
-    if let Err(e) = sweeper::release_locks_of(worker, &worker.identity, true).await {
-        tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
-    }
-}
-
-async fn heartbeat_loop(worker: Arc<Worker>, info: String) {
-    loop {
-        match beat_once(&worker, &info).await {
-            Ok(Some(sig)) => apply_remote(&worker, &sig),
-            Ok(None) => {}
-            Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
-        }
-        tokio::time::sleep(worker.config.beat_interval).await;
-    }
-}
-
-/// Parse the database URL, reach the server and create the tables when missing.
-async fn open_database(
-    config: &Config,
-    identity: &str,
-) -> Result<Option<crate::connections::db::Db>, StartError> {
-    let Some(url) = config.database_url.as_deref() else {
-        return Ok(None);
-    };
-    let db = parse_database(url, identity)?;
-    let unreachable = |e| database_error(&db, e);
-    db.ensure_schema().await.map_err(unreachable)?;
-    let version = db.server_version().await.map_err(unreachable)?;
-    tracing::info!(database = %db.shown_url(), postgres = %version,
-        "PostgreSQL answers; playguard_fences and playguard_cycles are in place");
-    Ok(Some(db))
-}
-
-/// Run a worker until a signal tells it to stop. `registry` holds Rust handlers; manifest
-/// entries from `config.jobs_dir` are added to it.
 pub async fn run(config: Config, registry: Registry) -> Result<(), StartError> {
     run_with(config, registry, Shutdown::new(), Signals::Handle).await
 }
@@ -246,153 +54,6 @@ pub async fn run_with(
     Ok(())
 }
 
-/// The manifest's jobs in the registry, Redis and PostgreSQL reached, the worker made and its
-/// metrics served. Also the manifest's periodic schedules, for `start`.
-async fn build(
-    config: Config,
-    mut registry: Registry,
-    shutdown: Shutdown,
-) -> Result<(Arc<Worker>, Vec<PeriodicSpec>), StartError> {
-    let manifest =
-        manifest_jobs::load_manifest(&config.jobs_dir, &registry).map_err(StartError::Config)?;
-    manifest_jobs::register_manifest(&mut registry, &manifest);
-    manifest_jobs::check_database_needs(config.database_url.as_deref(), &registry)
-        .map_err(StartError::Config)?;
-    let url = crate::connections::redact::url(&config.redis_url);
-    let (_, mut conn) = open_redis(&config.redis_url, LOADING_WAIT).await?;
-    let version = redis_version(&mut conn, &url).await?;
-    let replicated = crate::worker::fence_advice::replication(&mut conn).await;
-    // Behind sentinels, the start line names the primary they led us to.
-    let version = match conn.primary() {
-        Some(p) => format!("{version} at primary {p}"),
-        None => version,
-    };
-    let identity = crate::process::identity::new_identity();
-    let db = open_database(&config, &identity).await?;
-    let state = Arc::new(crate::process::redis_state::RedisState::default());
-    let reliable = config.fetch == crate::fetch::FetchMode::Reliable;
-    crate::loops::eviction::check_at_start(&mut conn, &state, reliable, config.allow_eviction)
-        .await
-        .map_err(StartError::Config)?;
-    let sentry = crate::report::to_sentry::from_env(manifest_jobs::report_args(&manifest))
-        .map_err(StartError::Config)?;
-    let worker = Arc::new(new_worker(
-        config,
-        registry,
-        shutdown,
-        conn,
-        db,
-        (identity, sentry, manifest_jobs::hooks(&manifest)),
-        state,
-    ));
-    reconcile_on_failover(&worker);
-    if let Some(addr) = worker.config.metrics_addr {
-        let probes = crate::metrics::server::Probes {
-            metrics: worker.metrics.clone(),
-            beat_ms: worker.config.beat_interval.as_millis() as i64,
-            shutdown: worker.shutdown.clone(),
-            liveness: worker.liveness.clone(),
-        };
-        crate::metrics::server::serve(addr, probes)
-            .await
-            .map_err(|e| StartError::Config(format!("--metrics-addr {addr}: {e}")))?;
-    }
-    tracing::info!(identity = %worker.identity, redis = %version, concurrency = worker.config.concurrency,
-        queues = %worker.config.queues.names().join(","), fetch = worker.fetch.name(),
-        classes = %worker.registry.classes().join(","), "playguard starting");
-    let redis_fenced = crate::worker::fence_advice::on_redis_fences(&manifest);
-    if let Some(w) = crate::worker::fence_advice::advice(&redis_fenced, replicated.as_deref()) {
-        tracing::warn!("{w}");
-    }
-    Ok((worker, manifest.periodic))
-}
-
-/// After a failover, before the new primary is used: our recent acks and outcomes again there,
-/// and our running jobs listed in our working lists there (`fetch/recent.rs`).
-fn reconcile_on_failover(worker: &Arc<Worker>) {
-    let me = Arc::downgrade(worker);
-    worker.conn.on_new_primary(Arc::new(move |mut m| {
-        let me = me.clone();
-        Box::pin(async move {
-            let Some(w) = me.upgrade() else { return };
-            let running: Vec<_> = w
-                .slots
-                .snapshot()
-                .into_iter()
-                .map(|(_, e)| (e.queue, e.payload))
-                .collect();
-            match w.fetch.reconcile(&mut m, &running).await {
-                Ok(r) => tracing::warn!(finished = r.finished, running = r.running, unqueued = r.unqueued,
-                    "failover: re-applied on the new primary what this process did in its last seconds"),
-                Err(e) => tracing::warn!(error = %e,
-                    "failover: could not re-apply our last seconds on the new primary; jobs may run twice"),
-            }
-        })
-    }));
-}
-
-/// The worker's shared state: its fetch strategy, liveness lease (only a fetch with orphan
-/// recovery needs a lease to stop before), metrics and slot table.
-fn new_worker(
-    config: Config,
-    registry: Registry,
-    shutdown: Shutdown,
-    conn: crate::connections::redis_conn::Conn,
-    db: Option<crate::connections::db::Db>,
-    (identity, sentry, hooks): (
-        String,
-        Option<crate::report::to_sentry::SentryOut>,
-        Vec<crate::report::hooks::Hook>,
-    ),
-    redis_state: Arc<crate::process::redis_state::RedisState>,
-) -> Worker {
-    let mut metrics = crate::metrics::prometheus::Metrics::default();
-    metrics.redis = redis_state;
-    let metrics = Arc::new(metrics);
-    let next_due = Arc::new(crate::job::next_due::NextDue::default());
-    let fetch = crate::fetch::FetchStrategy::new(
-        config.fetch,
-        &identity,
-        (conn.clone(), metrics.redis.clone()),
-        shutdown.clone(),
-        next_due.clone(),
-    );
-    let liveness = if fetch.recovers_orphans() {
-        crate::process::liveness::Liveness::new()
-    } else {
-        crate::process::liveness::Liveness::disabled()
-    };
-    metrics.know_classes(registry.classes());
-    let locks_record = Worker::locks_record_for(&identity, &fetch);
-    let reporter = Arc::new(crate::report::FailureReporter::new(
-        sentry,
-        hooks,
-        metrics.clone(),
-    ));
-    let worker = Worker {
-        next_due,
-        reporter,
-        locks_record,
-        conn,
-        db,
-        identity,
-        registry,
-        slots: SlotTable::new(),
-        shutdown,
-        metrics,
-        job_metrics: crate::metrics::sidekiq_tab::JobMetrics::new(config.sidekiq_metrics),
-        fetch,
-        liveness,
-        config,
-    };
-    worker.metrics.attach_slots(&worker.slots);
-    worker.metrics.concurrency.store(
-        worker.config.concurrency as i64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
-    worker
-}
-
 /// How long a clean stop waits for failure hooks still running.
 const HOOKS_AT_EXIT: Duration = Duration::from_secs(10);
 
@@ -414,7 +75,7 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     let signals = tokio::spawn(
         async move {
             if signals == Signals::Handle {
-                listen_for_signals(worker2).await
+                signals::listen(worker2).await
             }
         }
         .instrument(root.clone()),
@@ -424,7 +85,7 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     // claimed by a live process) before they hold anything, or a crash could orphan them
     // where no sweep looks. So keep trying until one beat lands, or we are told to stop.
     let mut landed = true;
-    while let Err(e) = beat_once(worker, &info).await {
+    while let Err(e) = heartbeat::beat_once(worker, &info).await {
         tracing::warn!(error = %e, "first heartbeat failed; retrying before fetching");
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -434,10 +95,12 @@ async fn start(worker: &Arc<Worker>, signals: Signals, periodic: Vec<PeriodicSpe
     if landed {
         watchdog::ready(worker);
     }
-    let beat = tokio::spawn(heartbeat_loop(worker.clone(), info).instrument(root.clone()));
+    let beat = tokio::spawn(
+        heartbeat::run(worker.clone(), info, signals::apply_remote).instrument(root.clone()),
+    );
     let notify = tokio::spawn(watchdog::run(worker.clone()).instrument(root.clone()));
     let mut side = tokio::task::JoinSet::new();
-    if worker.fetch.recovers_orphans() {
+    if worker.liveness.is_kept() {
         side.spawn(sweeper::run(worker.clone()).instrument(root.clone()));
     }
     side.spawn(scheduled::run(worker.clone()).instrument(root.clone()));
@@ -491,20 +154,4 @@ async fn stop(worker: &Worker, mut loops: Loops, credits: &Semaphore, credits_to
     }
     worker.reporter.close(HOOKS_AT_EXIT).await;
     tracing::info!("bye");
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Signal;
-
-    #[test]
-    fn signals_are_parsed_once_by_name() {
-        assert_eq!(Signal::parse("TERM"), Some(Signal::Stop("TERM")));
-        assert_eq!(Signal::parse("INT"), Some(Signal::Stop("INT")));
-        assert_eq!(Signal::parse("TSTP"), Some(Signal::Quiet));
-        assert_eq!(Signal::parse("TTIN"), Some(Signal::DumpSlots));
-        for ignored in ["USR1", "USR2", "term", "KILL", ""] {
-            assert_eq!(Signal::parse(ignored), None, "{ignored:?}");
-        }
-    }
 }

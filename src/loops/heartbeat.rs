@@ -7,12 +7,16 @@
 //! the `playguard:fetchers` registry, and pops one remote signal from `<identity>-signals`.
 //! Then the read-only checks: each queue's head and type (`queue_heads.rs`, `queue:<q>`) and
 //! the eviction policy (`eviction.rs`). `clear` undoes the process entries at a clean stop.
+//! The loop itself is `run`; `beat_once` says what a beat means for the liveness lease (the
+//! first landed beat after a lapse releases our recorded locks, through `sweeper.rs`); a
+//! remote signal a beat pops goes back to the launcher (`launcher/signals.rs`).
 
 use crate::process::identity::{hostname, pid_namespace};
 use crate::process::liveness::{alive_key, ALIVE_TTL_SECS, FETCHERS_KEY};
 use crate::worker::Worker;
 use serde_json::json;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// TTL of the identity and work hashes (launcher.rb).
@@ -58,29 +62,6 @@ fn rss_kb() -> u64 {
         .unwrap_or(0)
 }
 
-/// `enqueued_at` of a queued job in epoch seconds. Sidekiq <= 7 writes float seconds, 8.x
-/// integer milliseconds; readers tell them apart by JSON type (protocol.md §9). An integer that
-/// is too small to be milliseconds is taken as seconds.
-pub fn enqueued_at_secs(raw: &str) -> Option<f64> {
-    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
-    let n = v.get("enqueued_at")?;
-    let f = n.as_f64()?;
-    if (n.is_i64() || n.is_u64()) && f > 1e11 {
-        Some(f / 1000.0)
-    } else {
-        Some(f)
-    }
-}
-
-/// Seconds the oldest job of a queue has waited (Sidekiq's `Queue#latency`): 0 when the queue
-/// is empty or the job cannot be read, never negative.
-pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
-    oldest
-        .and_then(enqueued_at_secs)
-        .map(|t| (now - t).max(0.0))
-        .unwrap_or(0.0)
-}
-
 /// One work-hash value: `{queue, payload, run_at}` as launcher.rb writes it, the payload the
 /// original job string (so readers parse it a second time, exactly as for Ruby-run jobs), plus
 /// `phase` for phased jobs. 6.4.1's busy.erb ignores extra keys; the API hands them through.
@@ -117,7 +98,7 @@ pub struct Beat {
 pub async fn beat(worker: &Worker, info: &str) -> redis::RedisResult<Beat> {
     let mut conn = worker.conn.clone();
     let rtt_us = ping_rtt_us(&mut conn).await?;
-    let lease = if worker.fetch.recovers_orphans() {
+    let lease = if worker.liveness.is_kept() {
         refresh_lease(&mut conn, &worker.identity).await?
     } else {
         Lease::NotKept
@@ -194,7 +175,7 @@ async fn process_writes(
     worker.job_metrics.flush_into(&mut pipe);
     add_work_hashes(&mut pipe, &worker.identity, &snapshot);
     add_process_hash(&mut pipe, worker, info, snapshot.len(), rtt_us);
-    if worker.fetch.recovers_orphans() {
+    if worker.liveness.is_kept() {
         add_fetchers_entry(&mut pipe, worker);
     }
     pipe.rpop(format!("{}-signals", worker.identity), None);
@@ -329,27 +310,65 @@ pub async fn clear(worker: &Worker) -> redis::RedisResult<()> {
     r
 }
 
+/// One beat, and what it means for the liveness lease: a landed beat extends it; the first
+/// one after a lapse treats our past as dead (see `regained`).
+pub async fn beat_once(worker: &Worker, info: &str) -> redis::RedisResult<Option<String>> {
+    let sent_at = tokio::time::Instant::now();
+    let beat = beat(worker, info).await?;
+    let existed = match beat.lease {
+        Lease::NotKept => return Ok(beat.signal),
+        Lease::Refreshed { existed } => existed,
+        Lease::Missing => false,
+    };
+    // Our alive key vanished since the last beat (evicted, flushed, a failover to a replica
+    // that lacked it): another process may already have recovered our jobs, so this is a
+    // lapse now, and the jobs a lapse stops are stopped. It lasts until the next beat, as a
+    // lapse found by its deadline does: nothing is fetched meanwhile, so the stopped jobs go
+    // back (by LREM of their bytes) before a copy of one can be fetched into the same list.
+    if !existed && worker.liveness.vanished() {
+        tracing::warn!(key = %crate::process::liveness::alive_key(&worker.identity),
+            "liveness lease lapsed: our alive key had vanished from Redis (evicted, flushed, or a failover to a replica that lacked it); stopping our running jobs");
+        return Ok(beat.signal);
+    }
+    if beat.lease == Lease::Missing {
+        return Ok(beat.signal);
+    }
+    // Still lapsed (nothing is fetched): release first, so no lock taken after the
+    // refresh can be among those released.
+    if !worker.liveness.is_live() {
+        regained(worker).await;
+    }
+    worker.liveness.refreshed(sent_at);
+    worker.fetch.retry_deferred_requeues().await;
+    Ok(beat.signal)
+}
+
+/// Liveness is back after a lapse. Every job that ran then has been stopped (or is stopping),
+/// and the sweep may have judged us dead meanwhile: release the locks we recorded, as the
+/// sweep would, so a job handed back is not skipped as "already locked" by our own lease.
+async fn regained(worker: &Worker) {
+    tracing::warn!("liveness lease regained after a lapse; releasing the locks recorded before it");
+    if let Err(e) = super::sweeper::release_locks_of(worker, &worker.identity, true).await {
+        tracing::warn!(error = %e, "could not release our recorded locks; they expire by their ttl");
+    }
+}
+
+/// The heartbeat loop: a beat every `beat_interval`; a remote signal a beat popped goes to
+/// `on_signal` (the launcher applies it).
+pub async fn run(worker: Arc<Worker>, info: String, on_signal: fn(&Worker, &str)) {
+    loop {
+        match beat_once(&worker, &info).await {
+            Ok(Some(sig)) => on_signal(&worker, &sig),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(error = %e, "heartbeat: Redis error"),
+        }
+        tokio::time::sleep(worker.config.beat_interval).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn enqueued_at_in_either_unit() {
-        assert_eq!(
-            enqueued_at_secs(r#"{"enqueued_at":1796095478.5}"#),
-            Some(1796095478.5)
-        );
-        assert_eq!(
-            enqueued_at_secs(r#"{"enqueued_at":1796095478500}"#),
-            Some(1796095478.5)
-        );
-        assert_eq!(
-            enqueued_at_secs(r#"{"enqueued_at":1796095478}"#),
-            Some(1796095478.0)
-        );
-        assert_eq!(enqueued_at_secs(r#"{"class":"X"}"#), None);
-        assert_eq!(enqueued_at_secs("not json"), None);
-    }
 
     #[test]
     fn work_entry_keeps_the_payload_string_and_adds_the_phase() {
@@ -371,12 +390,5 @@ mod tests {
         e.phase = Some("apply".into());
         let v: serde_json::Value = serde_json::from_str(&work_entry_json(&e)).unwrap();
         assert_eq!(v["phase"], "apply");
-    }
-
-    #[test]
-    fn latency_is_zero_for_empty_or_future() {
-        assert_eq!(latency_secs(None, 100.0), 0.0);
-        assert_eq!(latency_secs(Some(r#"{"enqueued_at":90.0}"#), 100.0), 10.0);
-        assert_eq!(latency_secs(Some(r#"{"enqueued_at":200.0}"#), 100.0), 0.0);
     }
 }

@@ -14,11 +14,10 @@
 //! Keys: `playguard:periodic:<name>:<tick>`, `playguard:periodic-progress:<name>:<tick>`, the
 //! member set (read), `queues`, `queue:<q>` (all through `periodic_tick.rs`).
 
-use super::periodic_tick::{Fanout, Outcome};
+use super::periodic_tick::{Fanout, Outcome, Tick};
 use crate::job::payload::now_f64;
 use crate::manifest::PeriodicSpec;
 use crate::worker::Worker;
-use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,25 +25,6 @@ use std::time::Duration;
 const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// Wake this long after the boundary, so a timer that fires on the dot still reads the new tick.
 const PAST_BOUNDARY: Duration = Duration::from_millis(5);
-
-/// A member becomes the single argument: JSON when it parses (`42` stays a number), else a string.
-pub fn member_arg(member: &str) -> Value {
-    serde_json::from_str(member).unwrap_or_else(|_| Value::from(member))
-}
-
-/// Fixed manifest args as JSON. TOML datetimes have no JSON form and become their RFC 3339 text.
-pub(super) fn toml_to_json(v: &toml::Value) -> Value {
-    match v {
-        toml::Value::Datetime(d) => Value::from(d.to_string()),
-        toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
-        toml::Value::Table(t) => Value::Object(
-            t.iter()
-                .map(|(k, v)| (k.clone(), toml_to_json(v)))
-                .collect(),
-        ),
-        other => serde_json::to_value(other).unwrap_or(Value::Null),
-    }
-}
 
 /// The wall-clock tick `now` (epoch seconds) falls in.
 pub fn tick_of(now: f64, every_secs: u64) -> u64 {
@@ -55,23 +35,6 @@ pub fn tick_of(now: f64, every_secs: u64) -> u64 {
 /// period, or less than a minute for short periods) still finds it taken.
 pub fn fingerprint_ttl(every_secs: u64) -> u64 {
     every_secs.saturating_mul(2).max(60)
-}
-
-pub fn fingerprint_key(name: &str, tick: u64) -> String {
-    format!("playguard:periodic:{name}:{tick}")
-}
-
-/// Beside the fingerprint, not under its prefix: `playguard:periodic:<name>:*` names only
-/// fingerprints, whose value is the claimer (tests/periodic.rs reads them so).
-pub fn progress_key(name: &str, tick: u64) -> String {
-    format!("playguard:periodic-progress:{name}:{tick}")
-}
-
-/// One tick: its number (the fingerprint's suffix) and how long its fingerprint lives.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Tick {
-    pub n: u64,
-    pub ttl: u64,
 }
 
 /// A cron tick stays due this long after its run time (sidekiq-cron's 60 s look-back): a
@@ -169,7 +132,9 @@ fn log_outcome(spec: &PeriodicSpec, tick: u64, outcome: Outcome) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::periodic_tick::{fingerprint_key, member_arg, toml_to_json};
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn member_arg_keeps_json_and_falls_back_to_string() {

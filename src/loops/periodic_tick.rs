@@ -14,7 +14,6 @@
 //! Keys: `playguard:periodic:<name>:<tick>` (fingerprint), `playguard:periodic-progress:<name>:<tick>`
 //! (progress hash), the member set (SSCAN, read), `queues`, `queue:<q>`.
 
-use super::periodic::{fingerprint_key, progress_key};
 use crate::job::client::NewJob;
 use crate::job::payload::{new_jid, now_f64};
 use crate::manifest::PeriodicSpec;
@@ -23,6 +22,42 @@ use serde_json::Value;
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::time::{Duration, Instant};
+
+/// A member becomes the single argument: JSON when it parses (`42` stays a number), else a string.
+pub fn member_arg(member: &str) -> Value {
+    serde_json::from_str(member).unwrap_or_else(|_| Value::from(member))
+}
+
+/// Fixed manifest args as JSON. TOML datetimes have no JSON form and become their RFC 3339 text.
+pub(super) fn toml_to_json(v: &toml::Value) -> Value {
+    match v {
+        toml::Value::Datetime(d) => Value::from(d.to_string()),
+        toml::Value::Array(a) => Value::Array(a.iter().map(toml_to_json).collect()),
+        toml::Value::Table(t) => Value::Object(
+            t.iter()
+                .map(|(k, v)| (k.clone(), toml_to_json(v)))
+                .collect(),
+        ),
+        other => serde_json::to_value(other).unwrap_or(Value::Null),
+    }
+}
+
+pub fn fingerprint_key(name: &str, tick: u64) -> String {
+    format!("playguard:periodic:{name}:{tick}")
+}
+
+/// Beside the fingerprint, not under its prefix: `playguard:periodic:<name>:*` names only
+/// fingerprints, whose value is the claimer (tests/periodic.rs reads them so).
+pub fn progress_key(name: &str, tick: u64) -> String {
+    format!("playguard:periodic-progress:{name}:{tick}")
+}
+
+/// One tick: its number (the fingerprint's suffix) and how long its fingerprint lives.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tick {
+    pub n: u64,
+    pub ttl: u64,
+}
 
 /// The owner's lease on a tick it has not finished: renewed by each batch; a peer takes over
 /// once it lapsed.
@@ -122,7 +157,7 @@ impl Seen {
 pub struct Fanout<'a> {
     pub worker: &'a Worker,
     pub spec: &'a PeriodicSpec,
-    pub tick: super::periodic::Tick,
+    pub tick: Tick,
     /// The instant the tick was computed from: every job's created_at/enqueued_at.
     pub now: f64,
     /// When the next tick starts: a claim still failing then is given up.
@@ -133,7 +168,7 @@ impl Fanout<'_> {
     /// Claim and push the tick, or watch a peer push it and take over if it stops.
     pub async fn fire(&self) -> redis::RedisResult<Outcome> {
         let Some(set) = &self.spec.for_each_member_of else {
-            let args = self.spec.args.iter().map(super::periodic::toml_to_json);
+            let args = self.spec.args.iter().map(toml_to_json);
             let payloads = vec![self.payload(args.collect())];
             let end = ("0".to_string(), 0);
             return Ok(
@@ -380,7 +415,7 @@ impl Fanout<'_> {
     fn member_payload(&self, member: &[u8]) -> String {
         // Bytes, then lossy text: one odd member must not cost every Marquee its tick.
         let member = String::from_utf8_lossy(member);
-        self.payload(vec![super::periodic::member_arg(&member)])
+        self.payload(vec![member_arg(&member)])
     }
 
     fn payload(&self, args: Vec<Value>) -> String {
@@ -389,7 +424,7 @@ impl Fanout<'_> {
             class: self.spec.class.clone(),
             args,
             queue: self.spec.queue.clone(),
-            retry: retry.map_or(Value::Bool(true), super::periodic::toml_to_json),
+            retry: retry.map_or(Value::Bool(true), toml_to_json),
             at: None,
         };
         job.payload(&new_jid(), self.now)

@@ -18,7 +18,7 @@ pub async fn read(worker: &Worker, conn: &mut crate::connections::redis_conn::Co
     for q in &queues {
         inv.key(queue_key(q));
     }
-    if worker.fetch.recovers_orphans() {
+    if worker.liveness.is_kept() {
         for q in &queues {
             inv.key(crate::fetch::working_key(&worker.identity, q));
         }
@@ -43,9 +43,7 @@ pub async fn read(worker: &Worker, conn: &mut crate::connections::redis_conn::Co
                     redis::Value::BulkString(b) => std::str::from_utf8(b).ok(),
                     _ => None,
                 };
-                worker
-                    .metrics
-                    .set_latency(q, super::heartbeat::latency_secs(oldest, now));
+                worker.metrics.set_latency(q, latency_secs(oldest, now));
             }
         }
     }
@@ -62,5 +60,58 @@ fn mark_broken(worker: &Worker, queue: &str, bad: &[redis::Value]) {
     if worker.metrics.redis.mark_broken(queue, why.clone()) {
         tracing::error!(queue, key = %key,
             "{why}: queue {queue} is skipped by fetch and the heartbeat until the key is fixed (deleted or made a list)");
+    }
+}
+
+/// `enqueued_at` of a queued job in epoch seconds. Sidekiq <= 7 writes float seconds, 8.x
+/// integer milliseconds; readers tell them apart by JSON type (protocol.md §9). An integer that
+/// is too small to be milliseconds is taken as seconds.
+pub fn enqueued_at_secs(raw: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let n = v.get("enqueued_at")?;
+    let f = n.as_f64()?;
+    if (n.is_i64() || n.is_u64()) && f > 1e11 {
+        Some(f / 1000.0)
+    } else {
+        Some(f)
+    }
+}
+
+/// Seconds the oldest job of a queue has waited (Sidekiq's `Queue#latency`): 0 when the queue
+/// is empty or the job cannot be read, never negative.
+pub fn latency_secs(oldest: Option<&str>, now: f64) -> f64 {
+    oldest
+        .and_then(enqueued_at_secs)
+        .map(|t| (now - t).max(0.0))
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enqueued_at_in_either_unit() {
+        assert_eq!(
+            enqueued_at_secs(r#"{"enqueued_at":1796095478.5}"#),
+            Some(1796095478.5)
+        );
+        assert_eq!(
+            enqueued_at_secs(r#"{"enqueued_at":1796095478500}"#),
+            Some(1796095478.5)
+        );
+        assert_eq!(
+            enqueued_at_secs(r#"{"enqueued_at":1796095478}"#),
+            Some(1796095478.0)
+        );
+        assert_eq!(enqueued_at_secs(r#"{"class":"X"}"#), None);
+        assert_eq!(enqueued_at_secs("not json"), None);
+    }
+
+    #[test]
+    fn latency_is_zero_for_empty_or_future() {
+        assert_eq!(latency_secs(None, 100.0), 0.0);
+        assert_eq!(latency_secs(Some(r#"{"enqueued_at":90.0}"#), 100.0), 10.0);
+        assert_eq!(latency_secs(Some(r#"{"enqueued_at":200.0}"#), 100.0), 0.0);
     }
 }

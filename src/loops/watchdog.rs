@@ -46,7 +46,7 @@ fn health(worker: &Worker) -> Result<(), &'static str> {
         return Err("liveness lease lapsed");
     }
     let two_beats = worker.config.beat_interval.as_millis() as i64 * 2;
-    if !worker.fetch.recovers_orphans() && !worker.metrics.healthy(two_beats) {
+    if !worker.liveness.is_kept() && !worker.metrics.healthy(two_beats) {
         return Err("Redis unanswered for two beats");
     }
     Ok(())

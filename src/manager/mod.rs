@@ -1,33 +1,19 @@
 //! Fetching: the loop that keeps every free slot fed, in Sidekiq's strict / weighted queue
 //! order (`job/queues.rs`). While the queues are busy it takes a batch for the free slots in one
-//! round trip; when they are empty it arms the blocking pops (`blockers.rs`) and waits. How a
+//! round trip; when they are empty it arms the blocking pops (`fetch/blocking.rs`) and waits. How a
 //! job is taken, acknowledged, requeued and drained is the fetch strategy's business
-//! (`fetch/`: reliable or basic); this loop never asks which one runs.
-//! Keys: those of the strategy.
+//! (`fetch/`: reliable or basic); this loop never asks which one runs. The loop itself is
+//! `fetch_loop.rs`; here are its pace (how long recent jobs took), the inline run of cheap jobs
+//! and the credits it fetches against. Keys: those of the strategy.
 
-mod blockers;
+mod fetch_loop;
 pub mod processor;
 
-use crate::fetch::unit_of_work::UnitOfWork;
-use crate::worker::Worker;
-use blockers::{Blocker, Delivery, ERROR_PAUSE};
-use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
-use tokio::task::JoinSet;
+pub use fetch_loop::run;
 
-/// How long quiet waits for blocked pops to come back: past their reply deadline, so a pop
-/// that already happened is never abandoned while its reply is still on the way.
-const BLOCKERS_GRACE: Duration =
-    Duration::from_secs(crate::connections::redis_conn::BLOCKING_RESPONSE_TIMEOUT.as_secs() + 1);
-/// After a lost fetch reply, how long the rescue waits for pending acks to be confirmed (so
-/// its count of our jobs is exact): this many checks, this far apart.
-const ACK_SETTLE_CHECKS: usize = 100;
-const ACK_SETTLE_PAUSE: Duration = Duration::from_millis(10);
-/// Most jobs one batch takes.
-const MAX_BATCH: usize = 256;
-/// Basic fetch runs one BRPOP per slot, as Sidekiq runs one per thread, up to this many.
-const MAX_BRPOP_CONNECTIONS: usize = 64;
+use crate::worker::Worker;
+use std::time::Duration;
+
 /// Jobs are short while their recent mean run time is under this; only then does the loop
 /// fetch the next batch while the current one runs (see `Pace`).
 const SHORT_JOB_MICROS: u64 = 2_000;
@@ -51,7 +37,7 @@ fn inline_job_micros() -> u64 {
 
 /// The recent mean run time of this process's jobs (an exponential average over about the
 /// last 16), starting at one second: a process assumes long jobs until it has seen short ones.
-struct Pace(std::sync::atomic::AtomicU64);
+pub(super) struct Pace(std::sync::atomic::AtomicU64);
 
 impl Default for Pace {
     fn default() -> Pace {
@@ -60,7 +46,7 @@ impl Default for Pace {
 }
 
 impl Pace {
-    fn record(&self, took: Duration) {
+    pub(super) fn record(&self, took: Duration) {
         use std::sync::atomic::Ordering::Relaxed;
         let x = took.as_micros().min(u64::MAX as u128) as u64;
         let old = self.0.load(Relaxed);
@@ -68,11 +54,11 @@ impl Pace {
         self.0.store(old - old / 16 + x / 16, Relaxed);
     }
 
-    fn short(&self) -> bool {
+    pub(super) fn short(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::Relaxed) < SHORT_JOB_MICROS
     }
 
-    fn cheap(&self) -> bool {
+    pub(super) fn cheap(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::Relaxed) < inline_job_micros()
     }
 }
@@ -95,7 +81,7 @@ fn fetch_ahead(concurrency: usize) -> usize {
 /// drained back to its queue at our stop). Jobs that are not cheap are spawned at once, so
 /// their CPU work spreads over tokio's threads. Runs under the loop's root span; the job's own
 /// context is its log scope (`logging/scope.rs`).
-async fn run_or_spawn(
+pub(super) async fn run_or_spawn(
     mut run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send + 'static>>,
     inline: bool,
 ) {
@@ -129,347 +115,14 @@ fn spawn_run(run: std::pin::Pin<Box<impl std::future::Future<Output = ()> + Send
     ));
 }
 
-/// Quiet came while the loop held jobs it had not started.
-struct Quieted;
-
-/// The fetch loop's state between rounds.
-struct FetchLoop {
-    worker: Arc<Worker>,
-    /// One per slot: a running job holds one.
-    slots: Arc<Semaphore>,
-    /// `concurrency + ahead`: a fetched job holds one from its fetch until it ends.
-    credits: Arc<Semaphore>,
-    ahead: usize,
-    pace: Arc<Pace>,
-    blockers: Vec<Blocker>,
-    deliveries: mpsc::UnboundedReceiver<Delivery>,
-    /// Fetched, not yet started (last = next to start).
-    held: Vec<UnitOfWork>,
-    /// The last blocking round timed out: the queues are idle.
-    idle: bool,
-    /// A fetch failed in a way that may have moved a job into our working list without
-    /// telling us; cleared by a rescue drain once we are fully idle.
-    may_hide_jobs: bool,
-    /// Such a fetch failed and nothing has been fetched since: what it moved is at the left
-    /// ends of our working lists, where `rescue_lost` finds it under load too.
-    hidden_left: bool,
-}
-
-impl FetchLoop {
-    /// Take a delivery in hand: its blocker is free again.
-    fn take(&mut self, d: Delivery) {
-        self.blockers[d.from].disarm();
-        self.may_hide_jobs |= d.failed;
-        if d.job.is_some() {
-            self.hidden_left = false;
-        }
-        self.hidden_left |= d.failed && self.worker.fetch.lost_reply_may_hide_jobs();
-        self.held.extend(d.job);
-    }
-
-    fn take_ready(&mut self) {
-        while let Ok(d) = self.deliveries.try_recv() {
-            self.take(d);
-        }
-    }
-
-    /// Hand whatever we hold to runner tasks, in order, each with a credit; a runner waits
-    /// for a slot (tokio's semaphore is first come, first served, so fetch order is kept).
-    /// Biased: once quiet, a job not yet handed over goes back; a runner still waiting for its
-    /// slot at quiet hands its job back too, never starting it.
-    async fn start_held(&mut self) -> Result<(), Quieted> {
-        while let Some(job) = self.held.pop() {
-            if self.worker.shutdown.is_quiet() {
-                self.held.push(job);
-                return Err(Quieted);
-            }
-            // A free credit is taken at once: waiting (and so watching for quiet) is only
-            // for when there is none.
-            let credit = match self.credits.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(_) => tokio::select! {
-                    biased;
-                    _ = self.worker.shutdown.quieted() => { self.held.push(job); return Err(Quieted); }
-                    p = self.credits.clone().acquire_owned() => p.expect("semaphore never closed"),
-                },
-            };
-            let worker = self.worker.clone();
-            let slots = self.slots.clone();
-            let pace = self.pace.clone();
-            // Boxed before its first poll: a run that waits is then moved into its task as a
-            // pointer (a polled future cannot move otherwise).
-            let run = Box::pin(async move {
-                // Quiet already: hand the job back. Otherwise the slot first, so a free one
-                // is taken without subscribing to the shutdown state; a runner still waiting
-                // for its slot at quiet hands its job back, never starting it.
-                let slot = if worker.shutdown.is_quiet() {
-                    None
-                } else if let Ok(p) = slots.clone().try_acquire_owned() {
-                    Some(p)
-                } else {
-                    tokio::select! {
-                        biased;
-                        p = slots.acquire_owned() => Some(p.expect("semaphore never closed")),
-                        _ = worker.shutdown.quieted() => None,
-                    }
-                };
-                let Some(slot) = slot else {
-                    Box::pin(worker.fetch.requeue_logged(&job)).await;
-                    drop(credit);
-                    return;
-                };
-                let started = std::time::Instant::now();
-                processor::process(&worker, job, started).await;
-                pace.record(started.elapsed());
-                drop(slot);
-                drop(credit);
-            });
-            run_or_spawn(run, self.pace.cheap()).await;
-        }
-        Ok(())
-    }
-
-    /// How many jobs the next fetch may take: the free credits, less the fetch-ahead ones while
-    /// jobs are not short. Waits until that is at least one.
-    async fn fetchable(&self) -> Result<usize, Quieted> {
-        loop {
-            let reserve = if self.pace.short() { 0 } else { self.ahead };
-            let free = self.credits.available_permits().saturating_sub(reserve);
-            if free > 0 {
-                return Ok(free);
-            }
-            tokio::select! {
-                biased;
-                _ = self.worker.shutdown.quieted() => return Err(Quieted),
-                p = self.credits.acquire_many(reserve as u32 + 1) => drop(p),
-            }
-        }
-    }
-
-    /// Fully idle after a fetch whose reply was lost: anything in our working lists now is a
-    /// job that fetch moved there. Nothing runs, no ack waits, no pop is in flight, and only
-    /// this loop adds to the lists, so push them all back to their queues.
-    async fn rescue_if_idle(&mut self) -> bool {
-        let worker = &self.worker;
-        if !self.may_hide_jobs
-            || self.credits.available_permits() != worker.config.concurrency + self.ahead
-            || worker.fetch.acks_pending() != 0
-            || self.blockers.iter().any(Blocker::is_armed)
-        {
-            return false;
-        }
-        match worker.fetch.drain(&worker.config.queues.names()).await {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::warn!(
-                        jobs = n,
-                        "returned jobs a failed fetch had moved into our working list"
-                    );
-                }
-                self.may_hide_jobs = false;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fetch: could not check our working lists");
-                false
-            }
-        }
-    }
-
-    /// Right after a fetch whose reply was lost (nothing fetched since, no blocking pop armed):
-    /// push back what it moved, while our own jobs keep running. Waits a little for pending
-    /// acks to be confirmed, so the count of our jobs is exact; if it was not, the idle rescue
-    /// stays due. False: Redis did not answer (fetch nothing yet, try again).
-    async fn rescue_lost(&mut self) -> bool {
-        let worker = self.worker.clone();
-        for _ in 0..ACK_SETTLE_CHECKS {
-            if worker.fetch.acks_pending() == 0 {
-                break;
-            }
-            tokio::time::sleep(ACK_SETTLE_PAUSE).await;
-        }
-        let exact = worker.fetch.acks_pending() == 0;
-        match worker
-            .fetch
-            .rescue_lost(&worker.config.queues.names())
-            .await
-        {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::warn!(
-                        jobs = n,
-                        "returned jobs a failed fetch had moved into our working list"
-                    );
-                }
-                self.hidden_left = false;
-                self.may_hide_jobs &= !exact;
-                true
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "fetch: could not check our working lists; retrying in 1s");
-                false
-            }
-        }
-    }
-
-    /// Nothing ready: arm the blocking pops and wait for one delivery (or quiet).
-    async fn wait_for_work(&mut self, free: usize) -> Result<(), Quieted> {
-        let worker = self.worker.clone();
-        let want = worker
-            .fetch
-            .waits_to_arm(self.blockers.len(), free, self.idle);
-        let mut armed = self.blockers.iter().filter(|b| b.is_armed()).count();
-        for b in &self.blockers {
-            if armed >= want {
-                break;
-            }
-            if b.arm() {
-                armed += 1;
-            }
-        }
-        tokio::select! {
-            d = self.deliveries.recv() => match d {
-                Some(d) => {
-                    let got = d.job.is_some();
-                    self.idle = !got;
-                    self.take(d);
-                    if got && worker.fetch.one_delivery_ends_waits() && self.blockers.len() > 1 {
-                        blockers::unblock(&worker, &self.blockers).await;
-                    }
-                    Ok(())
-                }
-                None => Err(Quieted),
-            },
-            _ = worker.shutdown.quieted() => Err(Quieted),
-        }
-    }
-
-    /// One round: hand over what we hold, wait for a free credit, then take a batch or block.
-    async fn round(&mut self) -> Result<(), Quieted> {
-        self.start_held().await?;
-        let worker = self.worker.clone();
-        let free = self.fetchable().await?;
-        self.take_ready();
-        if !self.held.is_empty() {
-            self.idle = false;
-            return Ok(());
-        }
-        // A process whose liveness lease lapsed takes no work until a heartbeat lands again.
-        if !worker.liveness.is_live() {
-            tracing::warn!("liveness lease lapsed: not fetching until a heartbeat lands");
-            return tokio::select! {
-                _ = worker.liveness.live() => Ok(()),
-                _ = worker.shutdown.quieted() => Err(Quieted),
-            };
-        }
-        // Redis refuses writes for want of memory: a job fetched now could not record its
-        // outcome, so fetching pauses (the heartbeat logged it and sees it end). Jobs a lost
-        // fetch reply may have hidden in our working list go back before the next fetch.
-        if worker.metrics.redis.is_oom()
-            || (self.hidden_left
-                && !self.blockers.iter().any(Blocker::is_armed)
-                && !self.rescue_lost().await)
-        {
-            return tokio::select! {
-                _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
-                _ = worker.shutdown.quieted() => Err(Quieted),
-            };
-        }
-        // Queues busy: take what the free slots can run. Only when that finds nothing do we
-        // block.
-        let order = worker.config.queues.order();
-        match worker
-            .fetch
-            .take(&order, free.min(MAX_BATCH), worker.liveness.epoch())
-            .await
-        {
-            Ok(v) if !v.is_empty() => {
-                self.hidden_left = false;
-                worker.metrics.fetch_batch(v.len());
-                self.idle = false;
-                self.held = v;
-                self.held.reverse(); // started from the end: keep fetch order
-                return Ok(());
-            }
-            Ok(_) => {}
-            Err(e) => {
-                self.may_hide_jobs |= worker.fetch.lost_reply_may_hide_jobs();
-                self.hidden_left |= worker.fetch.lost_reply_may_hide_jobs();
-                tracing::warn!(error = %e, "fetch: Redis error; retrying in 1s");
-                return tokio::select! {
-                    _ = tokio::time::sleep(ERROR_PAUSE) => Ok(()),
-                    _ = worker.shutdown.quieted() => Err(Quieted),
-                };
-            }
-        }
-        if self.rescue_if_idle().await {
-            return Ok(());
-        }
-        self.wait_for_work(free).await
-    }
-}
-
 /// The credits a process fetches against: its slots, plus one batch ahead where a fetched job
 /// waits in our working list (reliable fetch). Basic fetch holds popped jobs only in memory,
 /// so it fetches only for free slots, as Sidekiq's one BRPOP per thread does.
 pub fn credits(worker: &Worker) -> usize {
     let c = worker.config.concurrency;
-    c + if worker.fetch.recovers_orphans() {
+    c + if worker.liveness.is_kept() {
         fetch_ahead(c)
     } else {
         0
-    }
-}
-
-/// The fetch loop: runs until quiet/stop, starting one processor task per job, never more
-/// than `concurrency` at once (`slots`). Jobs fetched ahead wait in order for a slot; after
-/// quiet, every job not started is pushed straight back. The launcher waits for all of
-/// `credits` (every fetched job ended or handed back) before it drains.
-pub async fn run(worker: Arc<Worker>, slots: Arc<Semaphore>, credits: Arc<Semaphore>) {
-    let (tx, deliveries) = mpsc::unbounded_channel::<Delivery>();
-    let mut tasks = JoinSet::new();
-    let waits = worker.fetch.waits(
-        &worker.config.queues.names(),
-        worker.config.concurrency,
-        MAX_BRPOP_CONNECTIONS,
-    );
-    let blockers = waits
-        .into_iter()
-        .enumerate()
-        .map(|(i, w)| blockers::spawn(i, worker.clone(), w, tx.clone(), &mut tasks))
-        .collect();
-    drop(tx);
-    let mut lp = FetchLoop {
-        worker: worker.clone(),
-        ahead: credits.available_permits() - worker.config.concurrency,
-        slots,
-        credits,
-        pace: Arc::new(Pace::default()),
-        blockers,
-        deliveries,
-        held: Vec::new(),
-        idle: false,
-        may_hide_jobs: false,
-        hidden_left: false,
-    };
-    while lp.round().await.is_ok() {}
-    // Quiet: end the blocked pops and hand back everything fetched but not started.
-    blockers::unblock(&worker, &lp.blockers).await;
-    // A blocked pop returns within its 2 s server timeout, at once after UNBLOCK. Only an
-    // unreachable Redis keeps one longer; then stop waiting (reliable fetch: a job it may
-    // still move stays in our working list, which the orphan sweep returns once we are gone).
-    let wait_all = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(BLOCKERS_GRACE, wait_all)
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "fetch: a blocking pop did not return (Redis unreachable?); not waiting for it"
-        );
-        tasks.abort_all();
-    }
-    lp.take_ready();
-    for job in std::mem::take(&mut lp.held) {
-        worker.fetch.requeue_logged(&job).await;
     }
 }

@@ -6,6 +6,7 @@
 //! Callers hand in plain labels ([`JobEnd`], [`JobFate`]), so this module needs neither the
 //! handler's `Outcome` nor the retry `Decision`.
 
+use super::redis_gauges::escape;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -518,12 +519,6 @@ fn cap_values(labels: &mut Labels) {
             *v = capped(v).into_owned();
         }
     }
-}
-
-pub fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 fn fmt_labels(labels: &Labels, le: Option<&str>) -> String {

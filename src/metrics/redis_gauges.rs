@@ -15,11 +15,7 @@ pub fn write(out: &mut String, state: &RedisState) {
     );
     let _ = writeln!(out, "# TYPE {name} gauge");
     if let Some(p) = state.policy() {
-        let _ = writeln!(
-            out,
-            "{name}{{policy=\"{}\"}} 1",
-            super::prometheus::escape(&p)
-        );
+        let _ = writeln!(out, "{name}{{policy=\"{}\"}} 1", escape(&p));
     }
     let gauges = [
         (
@@ -69,4 +65,11 @@ pub fn health_detail(state: &RedisState) -> String {
         let _ = writeln!(out, "queue {q} skipped: {why}");
     }
     out
+}
+
+/// A label value in Prometheus's text format: backslash, quote and newline escaped.
+pub fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

@@ -61,6 +61,13 @@ impl Liveness {
         Liveness { tx: None }
     }
 
+    /// Whether the lease is kept (not `disabled`): then the process keeps an alive key and a
+    /// fetchers entry, records its locks, and sweeps for dead processes' jobs, as its own can
+    /// be found again if it dies.
+    pub fn is_kept(&self) -> bool {
+        self.tx.is_some()
+    }
+
     fn state(&self) -> State {
         self.tx.as_ref().map(|t| *t.borrow()).unwrap_or_default()
     }

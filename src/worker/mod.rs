@@ -25,7 +25,7 @@ pub struct Worker {
     pub metrics: Arc<crate::metrics::prometheus::Metrics>,
     /// Sidekiq 7/8 Metrics-tab counters, flushed by the heartbeat.
     pub job_metrics: crate::metrics::sidekiq_tab::JobMetrics,
-    pub fetch: FetchStrategy,
+    pub fetch: Arc<FetchStrategy>,
     /// `DATABASE_URL`: fences for `fence = "database"` locks and the cycle ledger.
     pub db: Option<crate::connections::db::Db>,
     pub liveness: crate::process::liveness::Liveness,
@@ -39,10 +39,13 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// The `locks_record` a worker with this identity and fetch strategy has.
-    pub fn locks_record_for(identity: &str, fetch: &FetchStrategy) -> Option<Arc<str>> {
-        fetch
-            .recovers_orphans()
+    /// The `locks_record` a worker with this identity and liveness lease has.
+    pub fn locks_record_for(
+        identity: &str,
+        liveness: &crate::process::liveness::Liveness,
+    ) -> Option<Arc<str>> {
+        liveness
+            .is_kept()
             .then(|| crate::cycle::lock::locks_record_key(identity).into())
     }
 }

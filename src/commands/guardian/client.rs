@@ -58,22 +58,15 @@ pub(crate) struct Conn {
     /// The guardian's pid, to kill it when it stops answering (`watchdog.rs`).
     pub(super) pid: i32,
     /// Since when a ping waits for its answer (`watchdog.rs`), and whether one was answered.
-    pub(super) ping: Mutex<super::watchdog::Ping>,
+    pub(super) ping: Mutex<Ping>,
 }
 
-static CURRENT: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
-
-/// The live guardian, started if there is none (or the last one died).
-pub(crate) fn get() -> std::io::Result<Arc<Conn>> {
-    let mut cur = CURRENT.lock().unwrap();
-    if let Some(c) = cur.as_ref() {
-        if !c.dead.load(Ordering::Acquire) {
-            return Ok(c.clone());
-        }
-    }
-    let c = start()?;
-    *cur = Some(c.clone());
-    Ok(c)
+#[derive(Default)]
+pub(crate) struct Ping {
+    /// When the ping now waiting for its answer was sent.
+    pub(super) waiting_since: Option<std::time::Instant>,
+    /// The guardian answered at least once (a new one is pinged until it has).
+    pub(super) answered: bool,
 }
 
 /// The executable to run again: our own path while it still names our binary, else the
@@ -85,7 +78,8 @@ fn own_exe() -> std::path::PathBuf {
     }
 }
 
-fn start() -> std::io::Result<Arc<Conn>> {
+/// A new guardian and our connection to it (its watchdog is started by `get`, `mod.rs`).
+pub(super) fn start() -> std::io::Result<Arc<Conn>> {
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let (ours, theirs) = socketpair(
         AddressFamily::Unix,
@@ -120,7 +114,6 @@ fn start() -> std::io::Result<Arc<Conn>> {
         pid: child.id() as i32,
         ping: Mutex::default(),
     });
-    super::watchdog::start(&conn)?;
     let w = sock.clone();
     // Not the Conn itself: this thread ends when the last Conn (and so the sender) is gone.
     let wc = Arc::downgrade(&conn);
@@ -346,7 +339,7 @@ fn dispatch(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), ()> {
             }
             b'p' => {
                 drop(t);
-                super::watchdog::answered(conn);
+                answered(conn);
             }
             b'x' => {
                 let Some(st) = b.i32() else { return };
@@ -358,6 +351,14 @@ fn dispatch(conn: &Conn, buf: &mut Vec<u8>) -> Result<(), ()> {
             _ => {}
         }
     })
+}
+
+/// The guardian answered a ping.
+pub(super) fn answered(conn: &Conn) {
+    let mut p = conn.ping.lock().unwrap();
+    p.waiting_since = None;
+    p.answered = true;
+    crate::metrics::server::guardian_answers(true);
 }
 
 /// The guardian is gone (or speaks nonsense): nobody watches these commands any more, so

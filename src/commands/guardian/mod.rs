@@ -35,8 +35,10 @@ mod frame;
 mod process;
 mod watchdog;
 
-pub(crate) use client::{cloexec_pipe, get, Event, Handle};
+pub(crate) use client::{cloexec_pipe, Event, Handle};
 
+use client::Conn;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The guardian's argument, which names its worker (`/proc/<pid>/cmdline` shows it).
@@ -53,6 +55,22 @@ pub(crate) const MAX_FRAME: usize = 64 << 20;
 /// After it killed its groups on the worker's death, how long the guardian waits for them to
 /// be gone before it exits anyway (a process stuck in the kernel cannot be hurried).
 pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(10);
+
+static CURRENT: Mutex<Option<Arc<Conn>>> = Mutex::new(None);
+
+/// The live guardian, started if there is none (or the last one died).
+pub(crate) fn get() -> std::io::Result<Arc<Conn>> {
+    let mut cur = CURRENT.lock().unwrap();
+    if let Some(c) = cur.as_ref() {
+        if !c.is_dead() {
+            return Ok(c.clone());
+        }
+    }
+    let c = client::start()?;
+    watchdog::start(&c)?;
+    *cur = Some(c.clone());
+    Ok(c)
+}
 
 /// Call first thing in `main`, before any runtime or thread starts: when this process was
 /// started as a guardian it runs as one and returns its exit code; otherwise None.

@@ -18,14 +18,6 @@ const PING_EVERY: Duration = Duration::from_secs(1);
 /// reaps and kills: one that cannot answer in this long cannot guard either.
 pub(crate) const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 
-#[derive(Default)]
-pub(crate) struct Ping {
-    /// When the ping now waiting for its answer was sent.
-    waiting_since: Option<Instant>,
-    /// The guardian answered at least once (a new one is pinged until it has).
-    answered: bool,
-}
-
 /// The watchdog thread of one guardian; it ends with the guardian.
 pub(super) fn start(conn: &Arc<Conn>) -> std::io::Result<()> {
     let weak = Arc::downgrade(conn);
@@ -66,14 +58,6 @@ fn watch(weak: Weak<Conn>) {
             None => return replace(&conn),
         }
     }
-}
-
-/// The guardian answered a ping.
-pub(super) fn answered(conn: &Conn) {
-    let mut p = conn.ping.lock().unwrap();
-    p.waiting_since = None;
-    p.answered = true;
-    crate::metrics::server::guardian_answers(true);
 }
 
 /// The guardian did not answer in time: kill what it started and it, start another.
