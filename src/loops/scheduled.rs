@@ -252,14 +252,20 @@ fn push_reply(v: Vec<redis::Value>) -> redis::RedisResult<(usize, Refused)> {
     Ok((moved, refused))
 }
 
-/// Sidekiq's random_poll_interval: `avg * rand + avg / 2` with avg = processes x average.
-async fn interval(worker: &Worker) -> Duration {
+/// How many Sidekiq processes are alive (`processes`), which the pollers' waits scale with;
+/// 1 when Redis cannot say.
+pub(super) async fn process_count(worker: &Worker) -> i64 {
     let mut conn = worker.conn.clone();
-    let count: i64 = redis::cmd("SCARD")
+    redis::cmd("SCARD")
         .arg("processes")
         .query_async(&mut conn)
         .await
-        .unwrap_or(1);
+        .unwrap_or(1)
+}
+
+/// Sidekiq's random_poll_interval: `avg * rand + avg / 2` with avg = processes x average.
+async fn interval(worker: &Worker) -> Duration {
+    let count = process_count(worker).await;
     let avg = worker.config.poll_interval_average * count.max(1) as f64;
     Duration::from_secs_f64(avg * rand::random::<f64>() + avg / 2.0)
 }

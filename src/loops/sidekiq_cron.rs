@@ -59,12 +59,7 @@ pub async fn run(worker: Arc<Worker>) {
 
 /// Sidekiq's random_poll_interval, with the cron poller's unscaled average.
 async fn interval(worker: &Worker, average: f64) -> Duration {
-    let mut conn = worker.conn.clone();
-    let count: i64 = redis::cmd("SCARD")
-        .arg("processes")
-        .query_async(&mut conn)
-        .await
-        .unwrap_or(1);
+    let count = super::scheduled::process_count(worker).await;
     let r = rand::random::<f64>();
     let secs = if count < 10 {
         average * r + average / 2.0
