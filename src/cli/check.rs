@@ -3,6 +3,7 @@
 //! written (INFO read).
 
 use super::*;
+use std::time::Duration;
 
 pub(super) fn check(a: CheckArgs, registry: &Registry) -> i32 {
     let m = match manifest_jobs::load_manifest(&a.jobs, registry) {

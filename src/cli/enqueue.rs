@@ -2,6 +2,7 @@
 //! parsed from the command line. Keys: `queue:<q>`, `queues`, `schedule`.
 
 use super::*;
+use std::time::Duration;
 
 pub(super) fn enqueue(a: EnqueueArgs) -> i32 {
     if a.queue.trim().is_empty() {

@@ -8,7 +8,7 @@
 //! Keys: those of the pops (`queue:<q>`, our working lists).
 
 use super::basic::BasicFetch;
-use super::{FetchStrategy, Mode};
+use super::strategy::{FetchStrategy, Mode};
 use crate::connections::redis_conn::Conn;
 use crate::fetch::unit_of_work::UnitOfWork;
 use crate::job::queues::QueueOrder;

@@ -3,6 +3,7 @@
 //! Touches no Redis keys.
 
 use super::*;
+use std::path::Path;
 
 pub(super) fn find_program(prog: &str) -> Result<(), String> {
     use std::os::unix::fs::PermissionsExt;
