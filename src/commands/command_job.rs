@@ -1,5 +1,6 @@
-//! A plain manifest job: one command per run. Builds the PLAYGUARD_* environment that every
-//! command (plain or phase) receives. Touches no Redis keys.
+//! A plain manifest job: one command per run, stopped by Sidekiq's cancel (`job/cancel.rs`).
+//! Builds the PLAYGUARD_* environment that every command (plain or phase) receives. Keys:
+//! `it-<jid>` (its cancel flag, read through `job/cancel.rs`).
 
 use crate::commands::child::{self, Exit};
 use crate::job::error_class;
@@ -118,6 +119,12 @@ impl Handler for CommandJob {
         let timeout = self.timeout;
         let inherit = self.inherit.clone();
         Box::pin(async move {
+            // Sidekiq's cancel (`it-<jid>`): before the start, then watched while it runs.
+            if crate::job::cancel::cancelled_before_start(&ctx.redis, &ctx.jid).await {
+                return Outcome::Done;
+            }
+            let watch = ctx.cancels.watch(&ctx.jid);
+            let cancel = watch.signal();
             let env = job_env(&ctx, None, None);
             let shutdown = ctx.shutdown.clone();
             let lease = ctx.liveness.clone();
@@ -132,6 +139,8 @@ impl Handler for CommandJob {
                     // Recovery elsewhere may start once the alive key lapses: no grace.
                     _ = lease.lapse() => child::Stop::kill("liveness lease lapsed"),
                     _ = shutdown.hard_deadline() => child::Stop::term("shutdown deadline reached"),
+                    // As a timeout: TERM to its group, KILL after the grace.
+                    _ = cancel.cancelled() => child::Stop::term("cancelled"),
                     _ = limit => child::Stop::term(format!(
                         "timed out after {}s", timeout.unwrap_or_default().as_secs_f64())),
                 }
@@ -141,6 +150,11 @@ impl Handler for CommandJob {
             // (unless the sweep already took it), never a retry beside the recovered copy.
             if !matches!(exit, Exit::Success) && ctx.liveness.lapsed() {
                 return Outcome::Requeue;
+            }
+            // Stopped by its cancel: done, never retried.
+            if !matches!(exit, Exit::Success) && watch.is_cancelled() {
+                tracing::info!("job cancelled: its command was stopped (no retry)");
+                return Outcome::Done;
             }
             if matches!(exit, Exit::Killed { .. }) && ctx.shutdown.past_deadline() {
                 return Outcome::Requeue;

@@ -46,10 +46,22 @@ CREATE TABLE IF NOT EXISTS playguard_cycles (
     started_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
     outcome     text NOT NULL DEFAULT 'running'
-                CHECK (outcome IN ('running', 'complete', 'failed', 'lock_lost', 'interrupted', 'uncertain')),
+                CONSTRAINT playguard_cycles_outcome_check
+                CHECK (outcome IN ('running', 'complete', 'failed', 'lock_lost', 'interrupted', 'cancelled', 'uncertain')),
     phase       text,
     error       text
 );
+
+-- Tables made before outcome 'cancelled' existed get it added to their check.
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint
+                    WHERE conname = 'playguard_cycles_outcome_check'
+                      AND pg_get_constraintdef(oid) LIKE '%cancelled%') THEN
+        ALTER TABLE playguard_cycles DROP CONSTRAINT IF EXISTS playguard_cycles_outcome_check;
+        ALTER TABLE playguard_cycles ADD CONSTRAINT playguard_cycles_outcome_check
+            CHECK (outcome IN ('running', 'complete', 'failed', 'lock_lost', 'interrupted', 'cancelled', 'uncertain'));
+    END IF;
+END $$;
 
 CREATE INDEX IF NOT EXISTS playguard_cycles_running
     ON playguard_cycles (lock_key) WHERE outcome = 'running';

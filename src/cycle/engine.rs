@@ -16,12 +16,18 @@
 //! shutdown the cycle stops at the next boundary (or its phase is stopped at the deadline),
 //! releases, and the processor pushes the original payload back to the head of the queue.
 //!
+//! A cancel (Sidekiq's `cancel!`, `cancel.rs`) stops the cycle at its next boundary, or with
+//! `on_cancel = "kill"` stops the running phase as a timeout does; the cycle ends `cancelled`,
+//! a database fence is retired first (`fences.rs`), and the job is not retried. Its progress
+//! is kept where Sidekiq 8.1's Busy page reads it (`progress.rs`).
+//!
 //! Where the fence comes from (Redis or PostgreSQL) and the cycle's ledger row are the fence
 //! store's business (`fences.rs`): the cycle only asks it to hold, renew and finish.
 //! What a phase runs is not: the phase API is `phase.rs`; manifest command phases are in
 //! `reconcile.rs`, Rust phases are [`FnPhase`] or any [`Phase`].
 
 use crate::commands::child;
+use crate::cycle::cancel::{CycleCancel, OnCancel};
 use crate::cycle::fences::{self, FenceSource, Held};
 use crate::cycle::keys::{render_key, render_template};
 use crate::cycle::ledger::End;
@@ -54,6 +60,8 @@ pub struct LockConfig {
 pub struct Cycle {
     pub lock: LockConfig,
     pub phases: Vec<(Arc<dyn Phase>, Option<Duration>)>,
+    /// What Sidekiq's cancel does to a running phase (default: let it finish).
+    pub on_cancel: OnCancel,
 }
 
 impl Cycle {
@@ -67,7 +75,14 @@ impl Cycle {
                 fence: FenceSource::Redis,
             },
             phases: Vec::new(),
+            on_cancel: OnCancel::Boundary,
         }
+    }
+
+    /// Stop the running phase on a cancel (`OnCancel::Kill`) instead of at its end.
+    pub fn on_cancel(mut self, on_cancel: OnCancel) -> Cycle {
+        self.on_cancel = on_cancel;
+        self
     }
 
     /// Take fences from PostgreSQL (`playguard_fences`) instead of Redis; the worker then
@@ -110,13 +125,28 @@ impl Handler for Cycle {
     fn perform(&self, ctx: JobContext) -> BoxFuture<'static, Outcome> {
         let lock = self.lock.clone();
         let phases = self.phases.clone();
-        Box::pin(run_cycle(lock, phases, ctx))
+        let on_cancel = self.on_cancel;
+        Box::pin(async move {
+            // Cancelled before it started: no lock, no phase.
+            let Some(mut cancel) = CycleCancel::start(&ctx, on_cancel).await else {
+                return Outcome::Done;
+            };
+            let (outcome, cancelled) = run_cycle(lock, phases, &mut cancel, ctx).await;
+            cancel.end(cancelled, &outcome).await;
+            outcome
+        })
     }
 }
 
 type Phases = Vec<(Arc<dyn Phase>, Option<Duration>)>;
 
-async fn run_cycle(lock: LockConfig, phases: Phases, ctx: JobContext) -> Outcome {
+/// The cycle's outcome, and whether a cancel ended it.
+async fn run_cycle(
+    lock: LockConfig,
+    phases: Phases,
+    cancel: &mut CycleCancel,
+    ctx: JobContext,
+) -> (Outcome, bool) {
     // Job data must not pick another key (`9:fence`, another class's lock): refused before
     // any Redis write, and dead at once, since no retry can change the arguments.
     let key = match render_key(&lock.key, &ctx.jid, &ctx.class, &ctx.queue, &ctx.args) {
@@ -124,10 +154,11 @@ async fn run_cycle(lock: LockConfig, phases: Phases, ctx: JobContext) -> Outcome
         Err(why) => {
             tracing::error!(error_class = crate::job::error_class::BAD_LOCK_KEY, lock_key = %lock.key,
                 "refused: the job's arguments cannot form its lock key: {why}");
-            return Outcome::Failed(Failure::new(
+            let f = Failure::new(
                 crate::job::error_class::BAD_LOCK_KEY,
                 format!("lock key {:?}: {why}", lock.key),
-            ));
+            );
+            return (Outcome::Failed(f), false);
         }
     };
     let label = lock
@@ -137,9 +168,10 @@ async fn run_cycle(lock: LockConfig, phases: Phases, ctx: JobContext) -> Outcome
         .unwrap_or_else(|| key.clone());
     let held = match take_lock(&lock, &key, &label, &ctx).await {
         Ok(h) => h,
-        Err(outcome) => return outcome,
+        Err(outcome) => return (outcome, false),
     };
     let mut run = Running {
+        cancel,
         fence: held.fence(),
         guard: ReleaseGuard::new(held),
         ctx: &ctx,
@@ -148,7 +180,8 @@ async fn run_cycle(lock: LockConfig, phases: Phases, ctx: JobContext) -> Outcome
         last: None,
     };
     let ending = run.phases(&lock, &phases).await;
-    run.finish(ending).await
+    let cancelled = ending.end == End::Cancelled;
+    (run.finish(ending).await, cancelled)
 }
 
 /// Take the token lock, then its fence and ledger row. Err: the job's outcome without a
@@ -220,6 +253,11 @@ enum Then {
 }
 
 impl Ending {
+    /// Sidekiq's cancel: recorded as `cancelled`, released, done (not retried).
+    fn cancelled(phase: Option<&str>) -> Ending {
+        Ending::new(End::Cancelled, phase, None, "cancelled", Outcome::Done)
+    }
+
     fn shutdown(phase: Option<&str>) -> Ending {
         Ending::new(End::Interrupted, phase, None, "shutdown", Outcome::Requeue)
     }
@@ -270,6 +308,8 @@ impl Ending {
 /// A cycle that holds its lock: the phases run through it, and it ends through `finish`.
 struct Running<'a> {
     ctx: &'a JobContext,
+    /// The cancel flag and the progress record (`cancel.rs`).
+    cancel: &'a mut CycleCancel,
     key: &'a str,
     label: &'a str,
     fence: i64,
@@ -284,6 +324,10 @@ impl Running<'_> {
     async fn phases(&mut self, lock: &LockConfig, phases: &Phases) -> Ending {
         for (i, (phase, timeout)) in phases.iter().enumerate() {
             let name = phase.name().to_string();
+            if self.cancel.at_boundary(&name).await {
+                tracing::info!(next_phase = %name, "cancelled: stopping at the phase boundary");
+                return Ending::cancelled(self.last.as_deref());
+            }
             if let Some(ending) = self.at_boundary(&name) {
                 return ending;
             }
@@ -357,6 +401,7 @@ impl Running<'_> {
             lease_deadline,
             stop_at,
             kill_by: lease_deadline + lock::safety_margin(lock.ttl) / 2,
+            cancel: self.cancel.for_phase(),
         };
         // Phase output lines carry the jid (job scope), the guarded thing and the phase.
         let span = tracing::info_span!("phase", lock = %self.label, phase = %name);
@@ -408,6 +453,10 @@ impl Running<'_> {
                 )
             }
             PhaseEnd::Stopped(StopCause::Shutdown) => Ending::shutdown(phase),
+            PhaseEnd::Stopped(StopCause::Cancelled) => {
+                tracing::info!(phase = %name, "cancelled: the running phase was stopped");
+                Ending::cancelled(phase)
+            }
             PhaseEnd::Stopped(StopCause::Liveness) => {
                 tracing::warn!(phase = %name, lock_key = %self.key,
                     "liveness lease lapsed: phase killed, job handed back");
@@ -470,12 +519,19 @@ impl Running<'_> {
 
     /// The one way out of a held cycle: record, release, clear the phase, then the outcome.
     async fn finish(mut self, e: Ending) -> Outcome {
+        if e.end == End::Cancelled && self.guard.is_held() {
+            // Before the ledger says `cancelled`: from then on no write with our fence lands.
+            self.guard.held().retire_fence().await;
+        }
         self.guard
             .end(e.end, e.phase.as_deref(), e.error.as_deref(), e.why)
             .await;
         self.ctx.set_phase(None);
         if matches!(e.end, End::LockLost) {
             self.report_lost(&e);
+        }
+        if e.end == End::Cancelled {
+            tracing::info!(lock_key = %self.key, "{}: cycle cancelled (no retry)", self.label);
         }
         match e.then {
             Then::Is(outcome) => outcome,

@@ -167,6 +167,23 @@ impl Held {
         }
     }
 
+    /// A cancelled cycle's fence, retired in `playguard_fences` (database fences only), so no
+    /// late write carrying it can land ([`ledger::retire_fence`]). A failure is logged.
+    pub async fn retire_fence(&self) {
+        let (FenceSource::Database, Some(db)) = (self.source, &self.db) else {
+            return;
+        };
+        let key = self.lease.key();
+        match ledger::retire_fence(db, key, self.fence).await {
+            Ok(true) => tracing::info!(lock_key = %key, fence = self.fence,
+                "fence retired in playguard_fences: no later write with it is accepted"),
+            Ok(false) => tracing::info!(lock_key = %key, fence = self.fence,
+                "fence already superseded in playguard_fences; left as it is"),
+            Err(e) => tracing::warn!(lock_key = %key, fence = self.fence, error = %e,
+                "could not retire the cancelled cycle's fence in playguard_fences"),
+        }
+    }
+
     /// Write the cycle's outcome to its ledger row (nothing without a database). A failed
     /// write is logged: the row stays `running` and the next acquisition marks it `uncertain`.
     pub async fn finish(&self, end: End, phase: Option<&str>, error: Option<&str>) {

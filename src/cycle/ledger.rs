@@ -18,6 +18,8 @@ pub enum End {
     LockLost,
     /// Stopped by shutdown; the job went back on its queue.
     Interrupted,
+    /// Stopped by Sidekiq's cancel (`cycle/cancel.rs`); not retried.
+    Cancelled,
 }
 
 impl End {
@@ -27,6 +29,7 @@ impl End {
             End::Failed => "failed",
             End::LockLost => "lock_lost",
             End::Interrupted => "interrupted",
+            End::Cancelled => "cancelled",
         }
     }
 }
@@ -111,6 +114,22 @@ pub async fn current_fence(db: &Db, lock_key: &str) -> Result<Option<i64>, DbErr
         )
         .await?;
     Ok(rows.first().map(|r| r.get(0)))
+}
+
+/// Retire a cancelled cycle's fence: `playguard_fences` moves one past it, only while it still
+/// holds ours (a newer holder's fence is left alone). Once this commits, a write that checks
+/// its fence against `playguard_fences` (docs/fencing.md, the FOR SHARE recipe) is refused, and
+/// one already under way has finished first (its row lock). Returns whether a row moved.
+pub async fn retire_fence(db: &Db, lock_key: &str, fence: i64) -> Result<bool, DbError> {
+    let rows = db
+        .query(
+            "UPDATE playguard_fences SET fence = fence + 1
+              WHERE lock_key = $1 AND fence = $2
+              RETURNING fence",
+            &[(&lock_key, Type::TEXT), (&fence, Type::INT8)],
+        )
+        .await?;
+    Ok(!rows.is_empty())
 }
 
 /// Write a cycle's outcome, only while its row is still `running` (a row another acquisition

@@ -1,7 +1,7 @@
 //! The phase API a cycle's users implement: what a phase is told ([`PhaseContext`]), how it
 //! ends ([`PhaseEnd`]) or is stopped ([`StopCause`]), the [`Phase`] trait and [`FnPhase`] for
 //! an async closure. The engine that runs phases under the lock is `engine.rs`. Touches no
-//! Redis keys itself.
+//! Redis keys itself (a cancel arrives through `job/cancel.rs`).
 
 use crate::job::handler::{BoxFuture, JobContext};
 use crate::job::retry::Failure;
@@ -23,6 +23,8 @@ pub struct PhaseContext {
     /// safety margin, so still before the lock can expire in Redis. Their guardian kills them
     /// then even when this process is frozen (`commands/guardian/`).
     pub kill_by: Instant,
+    /// With `on_cancel = "kill"`: resolves when the job is cancelled (`cycle/cancel.rs`).
+    pub cancel: Option<crate::job::cancel::CancelSignal>,
 }
 
 impl std::ops::Deref for PhaseContext {
@@ -40,6 +42,8 @@ pub enum StopCause {
     Shutdown,
     /// The process's liveness lease lapsed: the job may be recovered elsewhere.
     Liveness,
+    /// Sidekiq's cancel, with `on_cancel = "kill"`: the job ends, not retried.
+    Cancelled,
 }
 
 /// How one phase ended.
@@ -70,7 +74,8 @@ pub trait Phase: Send + Sync + 'static {
     fn run(&self, ctx: PhaseContext) -> BoxFuture<'static, PhaseEnd>;
 }
 
-/// When a phase must stop and why: the earliest of lease deadline, phase timeout, shutdown.
+/// When a phase must stop and why: the earliest of lease deadline, phase timeout, shutdown,
+/// a lapsed liveness lease and (kill on cancel) a cancel.
 pub(crate) async fn stop_signal(ctx: &PhaseContext) -> StopCause {
     let cause_at = if ctx.stop_at < ctx.lease_deadline {
         StopCause::PhaseTimeout
@@ -81,6 +86,15 @@ pub(crate) async fn stop_signal(ctx: &PhaseContext) -> StopCause {
         _ = tokio::time::sleep_until(ctx.stop_at) => cause_at,
         _ = ctx.shutdown.hard_deadline() => StopCause::Shutdown,
         _ = ctx.job.liveness.lapse() => StopCause::Liveness,
+        _ = cancelled(ctx.cancel.as_ref()) => StopCause::Cancelled,
+    }
+}
+
+/// Resolves on the cancel; never without a signal.
+async fn cancelled(signal: Option<&crate::job::cancel::CancelSignal>) {
+    match signal {
+        Some(s) => s.cancelled().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -61,6 +61,8 @@ impl Phase for CommandPhase {
                     StopCause::Shutdown => {
                         within_lease(Stop::term("shutdown deadline reached"), &ctx)
                     }
+                    // As a timeout: TERM, then KILL, never past the lease.
+                    StopCause::Cancelled => within_lease(Stop::term("cancelled"), &ctx),
                 }
             };
             let kill_by = Some(ctx.kill_by);

@@ -38,6 +38,9 @@ pub struct JobContext {
     pub locks_record: Option<Arc<str>>,
     /// Where this job's failure reports go (the cycle engine reports a lost lock through it).
     pub(crate) reporter: crate::job::report::SharedReporter,
+    /// The process's watch on Sidekiq's cancel flags (`job/cancel.rs`), for jobs that stop on
+    /// a cancel.
+    pub cancels: crate::job::cancel::Cancels,
     pub(crate) slot: Option<Arc<SlotGuard>>,
 }
 

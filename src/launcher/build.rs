@@ -155,6 +155,7 @@ fn new_worker(
         metrics.clone(),
     ));
     let worker = Worker {
+        cancels: crate::job::cancel::Cancels::new(conn.clone()),
         next_due,
         reporter,
         locks_record,

@@ -265,6 +265,7 @@ fn context(
         liveness: lease.clone(),
         locks_record: worker.locks_record.clone(),
         reporter: worker.reporter.clone(),
+        cancels: worker.cancels.clone(),
         slot: Some(slot.clone()),
     }
 }

@@ -113,6 +113,11 @@ fn reconcile_cycle(j: &JobSpec) -> Arc<dyn Handler> {
     };
     Arc::new(Cycle {
         lock,
+        on_cancel: j
+            .on_cancel
+            .as_deref()
+            .and_then(|c| crate::cycle::cancel::OnCancel::parse(c).ok())
+            .unwrap_or_default(),
         phases: j
             .phases
             .iter()

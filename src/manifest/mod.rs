@@ -16,6 +16,7 @@
 //! class = "PlayguardJob"
 //! lock = { key = "playguard:marquee:{args.0}", ttl_secs = 900, when_locked = "skip" }
 //! on_lock_lost = "abort"
+//! on_cancel = "boundary"           # or "kill": what Sidekiq's cancel! does to a running phase
 //! [[job.phase]]
 //! name = "sync_git"
 //! run = ["jobs/bin/sync-git"]

@@ -19,6 +19,9 @@ pub struct JobSpec {
     pub lock: Option<LockSpec>,
     #[serde(default)]
     pub on_lock_lost: Option<String>,
+    /// What Sidekiq's cancel does to a running phase: "boundary" (default) or "kill".
+    #[serde(default)]
+    pub on_cancel: Option<String>,
     #[serde(default, rename = "phase")]
     pub phases: Vec<PhaseSpec>,
     /// Names of the worker's environment variables its commands get (None = all of them);

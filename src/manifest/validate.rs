@@ -111,6 +111,12 @@ pub(super) fn validate_job(j: &JobSpec) -> Result<(), String> {
             ))
         }
     }
+    if let Some(c) = &j.on_cancel {
+        crate::cycle::cancel::OnCancel::parse(c)?;
+        if j.phases.is_empty() {
+            return Err("on_cancel applies to [[job.phase]] jobs (a plain command is always stopped by a cancel)".into());
+        }
+    }
     if j.on_lock_lost.is_some() && j.lock.is_none() {
         return Err("on_lock_lost needs a `lock`".into());
     }

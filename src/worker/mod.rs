@@ -36,6 +36,8 @@ pub struct Worker {
     pub reporter: Arc<crate::report::FailureReporter>,
     /// When the scheduled poller next wakes; lowered by this process's own retries.
     pub next_due: Arc<crate::job::next_due::NextDue>,
+    /// The cancel flags (`it-<jid>`) of the running jobs that watch them (`job/cancel.rs`).
+    pub cancels: crate::job::cancel::Cancels,
 }
 
 impl Worker {
