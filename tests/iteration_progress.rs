@@ -27,8 +27,12 @@ fn read_as_api_rb(redis: &RedisServer, jid: &str) -> Option<(i64, f64, serde_jso
     }
     // Ruby's to_i and to_f read a leading number and give 0 for none; these fields must be
     // whole numbers for it to be exact, which the asserts below check through parse().
-    let ex = raw.get("ex").map_or(0, |v| v.parse().expect("ex is an integer"));
-    let rt = raw.get("rt").map_or(0.0, |v| v.parse().expect("rt is a float"));
+    let ex = raw
+        .get("ex")
+        .map_or(0, |v| v.parse().expect("ex is an integer"));
+    let rt = raw
+        .get("rt")
+        .map_or(0.0, |v| v.parse().expect("rt is a float"));
     let c = raw.get("c").map_or(serde_json::Value::Null, |v| {
         serde_json::from_str(v).expect("c is JSON")
     });
@@ -74,7 +78,9 @@ fn a_running_cycle_shows_its_phase_runs_and_runtime_as_an_iterable_job() {
     let w = Worker::builder(&redis).jobs(p.path()).start();
     let jid = enqueue(&redis, &["ProgressJob"]);
 
-    wait_until("the first phase", PATIENCE, || p.path().join("one.started").exists());
+    wait_until("the first phase", PATIENCE, || {
+        p.path().join("one.started").exists()
+    });
     let (ex, rt, c) = read_as_api_rb(&redis, &jid).expect("state while the cycle runs");
     assert_eq!((ex, c), (1, serde_json::json!("sync_git")));
     assert!(rt >= 0.0);
@@ -82,16 +88,20 @@ fn a_running_cycle_shows_its_phase_runs_and_runtime_as_an_iterable_job() {
     assert!(t > 30 * 86_400 - 60 && t <= 30 * 86_400, "TTL {t}");
 
     p.go("one");
-    wait_until("the second phase", PATIENCE, || p.path().join("two.started").exists());
+    wait_until("the second phase", PATIENCE, || {
+        p.path().join("two.started").exists()
+    });
     let (ex, rt2, c) = read_as_api_rb(&redis, &jid).unwrap();
     assert_eq!((ex, c), (1, serde_json::json!("pull_images")));
     assert!(rt2 >= rt, "runtime grows: {rt} then {rt2}");
 
     p.go("two");
     w.wait_for_line("lock released (cycle complete)", PATIENCE);
-    wait_until("it-<jid> removed once the cycle completed", PATIENCE, || {
-        read_as_api_rb(&redis, &jid).is_none()
-    });
+    wait_until(
+        "it-<jid> removed once the cycle completed",
+        PATIENCE,
+        || read_as_api_rb(&redis, &jid).is_none(),
+    );
 }
 
 /// A cycle that failed keeps its state for the Retries page (the phase it failed in, one run),
@@ -106,7 +116,9 @@ fn a_failed_cycle_keeps_its_state_for_the_retries_page_and_its_retry_counts_on()
     let w = Worker::builder(&redis).jobs(p.path()).start();
     let jid = enqueue(&redis, &["ProgressJob"]);
 
-    wait_until("the first phase", PATIENCE, || p.path().join("one.started").exists());
+    wait_until("the first phase", PATIENCE, || {
+        p.path().join("one.started").exists()
+    });
     p.go("one");
     w.wait_for_line("fail: retry scheduled", PATIENCE);
     let (ex, rt, c) = read_as_api_rb(&redis, &jid).expect("state kept for the Retries page");
@@ -114,16 +126,22 @@ fn a_failed_cycle_keeps_its_state_for_the_retries_page_and_its_retry_counts_on()
     assert!(rt > 0.0);
 
     // retry_in = [1]: the scheduled poller brings it back within seconds.
-    wait_until("the retry's first phase", PATIENCE, || p.path().join("one.started").exists());
+    wait_until("the retry's first phase", PATIENCE, || {
+        p.path().join("one.started").exists()
+    });
     let (ex, rt2, c) = read_as_api_rb(&redis, &jid).unwrap();
     assert_eq!((ex, c), (2, serde_json::json!("sync_git")));
     assert!(rt2 >= rt, "runtime adds up over runs: {rt} then {rt2}");
     p.go("one");
-    wait_until("the retry's second phase", PATIENCE, || p.path().join("two.started").exists());
+    wait_until("the retry's second phase", PATIENCE, || {
+        p.path().join("two.started").exists()
+    });
     p.go("two");
     w.wait_for_line("lock released (cycle complete)", PATIENCE);
-    wait_until("it-<jid> removed once the retry completed", PATIENCE, || {
-        read_as_api_rb(&redis, &jid).is_none()
-    });
+    wait_until(
+        "it-<jid> removed once the retry completed",
+        PATIENCE,
+        || read_as_api_rb(&redis, &jid).is_none(),
+    );
     assert_eq!(redis.zcard("retry"), 0);
 }

@@ -111,7 +111,12 @@ impl Progress {
                 self.write().await;
                 return;
             }
-            End::Done => redis::cmd("UNLINK").arg(&self.key).query_async(&mut c).await,
+            End::Done => {
+                redis::cmd("UNLINK")
+                    .arg(&self.key)
+                    .query_async(&mut c)
+                    .await
+            }
             End::Cancelled => {
                 redis::cmd("HDEL")
                     .arg(&self.key)

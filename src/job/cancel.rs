@@ -29,10 +29,13 @@ pub struct Cancels {
     inner: Arc<Inner>,
 }
 
+/// A watched job: (watch id, jid, where to say it was cancelled).
+type Watched = (u64, Arc<str>, watch::Sender<bool>);
+
 struct Inner {
     conn: Conn,
-    /// (watch id, jid, where to say it was cancelled); a watch is removed when dropped.
-    watched: Mutex<Vec<(u64, Arc<str>, watch::Sender<bool>)>>,
+    /// The watched jobs; a watch is removed when dropped.
+    watched: Mutex<Vec<Watched>>,
     next_id: std::sync::atomic::AtomicU64,
     started: std::sync::Once,
 }
@@ -99,7 +102,11 @@ impl CancelWatch {
 impl Drop for CancelWatch {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.upgrade() {
-            inner.watched.lock().unwrap().retain(|(id, ..)| *id != self.id);
+            inner
+                .watched
+                .lock()
+                .unwrap()
+                .retain(|(id, ..)| *id != self.id);
         }
     }
 }

@@ -22,7 +22,7 @@ pub struct Cycle {
     /// RFC 3339, UTC.
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
-    /// running, complete, failed, lock_lost, interrupted or uncertain.
+    /// running, complete, failed, lock_lost, interrupted, cancelled or uncertain.
     pub outcome: String,
     /// The phase it ended in (or, running, the phase it is in).
     pub phase: Option<String>,
